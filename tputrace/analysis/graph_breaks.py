@@ -49,7 +49,7 @@ _READ_ADVICE = {
 _HINT = re.compile(r"hint: (.+?)(?= - |$)", re.DOTALL)
 _RESUMED = re.compile(r"^torch_dynamo_resume_in_(.+)_at_\d+$")
 _LIBRARY_FILE = re.compile(r" \([^()/ ]+\.py\)$")
-_IN_LIBRARY = re.compile(r" \(in [^()]+:\d+, [^()]+\)$")
+_IN_LIBRARY = re.compile(r" \(in (?P<file>[^()]+):(?P<line>\d+), (?P<function>[^()]+)\)$")
 
 
 @dataclass(frozen=True)
@@ -193,8 +193,14 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
     elif hints and not syncs.syncs:
         suggestion = (f"Dynamo says how: {'; '.join(hint.strip().rstrip('.') for hint in hints[:2])}. Otherwise move the call "
                       f"at {where} out of the compiled function; `torch._dynamo.explain(fn)(*args)` lists every break.")
-    if location is not None and optimizer_breaks.is_optimizer_break(location):
-        step = optimizer_breaks.step_break(context, location, what, reasons[0], caller,
+    in_library = _IN_LIBRARY.search(reasons[0])  # an import's break inside a library, named in its reason
+    if optimizer_breaks.is_optimizer_break(location) or (
+            location is not None and in_library is not None
+            and optimizer_breaks.is_optimizer_file(in_library["file"], in_library["function"])):
+        step_where = where if in_library is None or location is None else f"{in_library['file']}:{in_library['line']}"
+        step_caller = caller if in_library is None or location is None else break_sites.CallingLine(
+            location.file, location.line, location.function, True)
+        step = optimizer_breaks.step_break(context, step_where, what, _IN_LIBRARY.sub("", reasons[0]), step_caller,
                                            outcome is not None and outcome.eager)
         title = step.title + sync_part
         explanation, suggestion = (step.explanation + waited.lstrip()).rstrip(), step.suggestion

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tputrace.analysis.break_sites import CallingLine, break_where, user_function
+from tputrace.analysis.break_sites import CallingLine, user_function
 from tputrace.analysis.context import AnalysisContext, detail_object
 from tputrace.store.records import SourceLocation
 from tputrace.wording import plural
@@ -23,6 +23,8 @@ from tputrace.wording import plural
 _OPTIM_FOLDER = "/torch/optim/"
 _TORCH_OWN_BREAK = "torch._dynamo.graph_break()"
 _WRAPPER_FILE = "/torch/optim/optimizer.py"
+_OPTIM_MODULES = {"adam", "adamw", "adamax", "adagrad", "adadelta", "asgd", "lbfgs", "nadam", "radam", "rmsprop", "rprop",
+                  "sgd", "sparse_adam", "_muon", "muon"}
 
 
 @dataclass(frozen=True)
@@ -50,30 +52,39 @@ def is_optimizer_break(location: SourceLocation | None) -> bool:
     return location is not None and _OPTIM_FOLDER in location.file.replace("\\", "/")
 
 
-def step_break(context: AnalysisContext, location: SourceLocation, what: str, reason: str,
+def is_optimizer_file(name: str, function: str) -> bool:
+    """Whether a library frame an import names by its file's base name (`(in optimizer.py:79, _use_grad)`) is
+    torch.optim's: its wrapper module, or an optimizer's step in one of its modules."""
+    return name == "optimizer.py" or (name.removesuffix(".py") in _OPTIM_MODULES and user_function(function) == "step")
+
+
+def step_break(context: AnalysisContext, where: str, what: str, reason: str,
                caller: CallingLine | None, eager: bool) -> StepBreak:
-    """The title, explanation and advice for a break at `location` in torch.optim (`what`: a short name of what broke
+    """The title, explanation and advice for a break in torch.optim at `where` (`what`: a short name of what broke
     the graph; `eager`: Dynamo gave up on the frame and runs it uncompiled)."""
-    where = break_where(location)
     graphs = _step_graphs(context)
     owners = [name.rpartition(".")[0] for name in graphs.names if "." in name]
     optimizer = owners[0] if owners else "the optimizer"
     at = f" at {caller.short}" if caller is not None else ""
-    around = (f", apart from {user_function(caller.function)}()'s graph"
-              if caller is not None and caller.inside_compiled and not caller.function.startswith("<") else "")
-    if _TORCH_OWN_BREAK in what and graphs.names:
-        title = (f"The optimizer step{at} compiles as a graph of its own{around} ({', '.join(graphs.names)}, "
-                 f"{plural(graphs.ops, 'op')}): torch.optim breaks the graph around every step ({what} at {where})")
+    around = (f" {user_function(caller.function)}()'s"
+              if caller is not None and caller.inside_compiled and not caller.function.startswith("<") else " the")
+    if _TORCH_OWN_BREAK in what:
+        compiled = (f"compiles as a graph of its own ({', '.join(graphs.names)}, {plural(graphs.ops, 'op')})"
+                    if graphs.names else "falls out of" + around + " graph")
+        title = (f"The optimizer step{at} {compiled}: torch.optim breaks the graph around every step "
+                 f"(`{what}` at {where})")
         explanation = (
-            f"torch.optim calls `{what}` before and after every optimizer step, so Dynamo ends the graph before the "
-            f"step and compiles the update as a graph of its own ({', '.join(graphs.names)}, an inference graph free "
-            "of autograd), then resumes after it. The step is compiled; what the break costs is the step's own launch "
-            "and the graphs before and after it. ")
+            f"torch.optim calls `{what}` before and after every optimizer step, so Dynamo ends{around} graph before "
+            "the step and compiles the update as a graph of its own (an inference graph free of autograd), then "
+            "resumes after it. "
+            + (f"The step is compiled ({', '.join(graphs.names)}); what the break costs is the step's own launch and "
+               "the graphs before and after it. " if graphs.names else
+               "The trace records no compile of the update itself. "))
         suggestion = (
-            "Nothing in the script causes the break and it need not be removed: the update is compiled. Keep the step "
-            "in the compiled function (or compile a function that calls `opt.step()`), with the optimizer's default "
-            "`foreach` implementation so the update is a few ops over all parameters, and, for Adam or AdamW, "
-            "`capturable=True` so that its step counts stay on the chip.")
+            "Nothing in the script causes the break and it need not be removed: torch.optim compiles the update on its "
+            "own. Keep the step in the compiled function (or compile a function that calls `opt.step()`), with the "
+            "optimizer's default `foreach` implementation so the update is a few ops over all parameters, and, for "
+            "Adam or AdamW, `capturable=True` so that its step counts stay on the chip.")
         return StepBreak(title, explanation, suggestion, True)
     falls = "is not compiled" if eager or not graphs.names else "falls out of the graph"
     title = f"The optimizer step{at} {falls}: Dynamo cannot trace {optimizer}'s step at {where} ({what})"
