@@ -11,6 +11,10 @@ What the function runs as is read from its compiles (the one the break was recor
 and its resumed frames'): the number of its code objects that compiled a graph with ops, or, where none
 did and Dynamo failed on the frame, that it runs eagerly.
 
+A break in another file than the user's line that reached it (a helper module's, a library's) names both
+(`break_sites`); one in torch.optim's code under a compiled optimizer step is told by what happened to the step
+(`optimizer_breaks`).
+
 A run that stopped on one of Dynamo's errors (a graph break under `fullgraph=True`) is a finding too
 (`compile_errors`), read from the run's exception.
 """
@@ -200,8 +204,9 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
         step_where = where if in_library is None or location is None else f"{in_library['file']}:{in_library['line']}"
         step_caller = caller if in_library is None or location is None else break_sites.CallingLine(
             location.file, location.line, location.function, True)
+        step_file = None if in_library is not None else optimizer_breaks.module_file(location)
         step = optimizer_breaks.step_break(context, step_where, what, _IN_LIBRARY.sub("", reasons[0]), step_caller,
-                                           outcome is not None and outcome.eager)
+                                           outcome is not None and outcome.eager, step_file)
         title = step.title + sync_part
         explanation, suggestion = (step.explanation + waited.lstrip()).rstrip(), step.suggestion
     evidence = [context.evidence_at(f"{plural(times, 'break')}: {disabled_calls.without_addresses(reason)}",

@@ -13,6 +13,7 @@ Two kinds:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from tputrace.analysis.break_sites import CallingLine, user_function
@@ -23,6 +24,9 @@ from tputrace.wording import plural
 _OPTIM_FOLDER = "/torch/optim/"
 _TORCH_OWN_BREAK = "torch._dynamo.graph_break()"
 _WRAPPER_FILE = "/torch/optim/optimizer.py"
+# Dynamo's reason for a step torch wrapped with `torch.compiler.disable` (LBFGS's: "optimizer ... step not supported").
+_DISABLED_STEP = re.compile(r"<function (?P<owner>\w+)\.step\b.*?`torch\.compiler\.disable` \(reason: (?P<why>[^()]*)\)",
+                            re.DOTALL)
 _OPTIM_MODULES = {"adam", "adamw", "adamax", "adagrad", "adadelta", "asgd", "lbfgs", "nadam", "radam", "rmsprop", "rprop",
                   "sgd", "sparse_adam", "_muon", "muon"}
 
@@ -52,17 +56,25 @@ def is_optimizer_break(location: SourceLocation | None) -> bool:
     return location is not None and _OPTIM_FOLDER in location.file.replace("\\", "/")
 
 
+def module_file(location: SourceLocation | None) -> str | None:
+    """The file of a break in an optimizer's own module (`torch/optim/lbfgs.py`), not torch's wrapper around steps."""
+    if not is_optimizer_break(location) or location is None:
+        return None
+    return None if location.file.replace("\\", "/").endswith(_WRAPPER_FILE) else location.file
+
+
 def is_optimizer_file(name: str, function: str) -> bool:
     """Whether a library frame an import names by its file's base name (`(in optimizer.py:79, _use_grad)`) is
     torch.optim's: its wrapper module, or an optimizer's step in one of its modules."""
     return name == "optimizer.py" or (name.removesuffix(".py") in _OPTIM_MODULES and user_function(function) == "step")
 
 
-def step_break(context: AnalysisContext, where: str, what: str, reason: str,
-               caller: CallingLine | None, eager: bool) -> StepBreak:
+def step_break(context: AnalysisContext, where: str, what: str, reason: str, caller: CallingLine | None,
+               eager: bool, step_file: str | None) -> StepBreak:
     """The title, explanation and advice for a break in torch.optim at `where` (`what`: a short name of what broke
-    the graph; `eager`: Dynamo gave up on the frame and runs it uncompiled)."""
-    graphs = _step_graphs(context)
+    the graph; `eager`: Dynamo gave up on the frame and runs it uncompiled; `step_file`: the break's file where it is
+    an optimizer's module, whose frames are that optimizer's step)."""
+    graphs = _step_graphs(context, step_file, caller)
     owners = [name.rpartition(".")[0] for name in graphs.names if "." in name]
     optimizer = owners[0] if owners else "the optimizer"
     at = f" at {caller.short}" if caller is not None else ""
@@ -86,6 +98,18 @@ def step_break(context: AnalysisContext, where: str, what: str, reason: str,
             "optimizer's default `foreach` implementation so the update is a few ops over all parameters, and, for "
             "Adam or AdamW, `capturable=True` so that its step counts stay on the chip.")
         return StepBreak(title, explanation, suggestion, True)
+    disabled = _DISABLED_STEP.search(reason)
+    if disabled is not None:  # torch itself keeps this optimizer's step out of Dynamo
+        owner, why = disabled["owner"], disabled["why"].strip()
+        title = (f"The optimizer step{at} is not compiled: torch runs {owner}.step eagerly "
+                 f"(`torch.compiler.disable`: {why})")
+        explanation = (f"torch wraps {owner}'s step with `torch.compiler.disable` ({why}), so Dynamo skips the call at "
+                       f"{where}: the step runs eagerly, op by op, on every call, and the code around it compiles as "
+                       "graphs of their own. ")
+        suggestion = (f"Dynamo does not compile {owner}'s step: call `opt.step()` outside the compiled function "
+                      "(compile the forward and backward, a function that returns the loss), or use an optimizer whose "
+                      "step Dynamo compiles (Adam, AdamW, SGD), through a compiled function that calls `opt.step()`.")
+        return StepBreak(title, explanation, suggestion, False)
     falls = "is not compiled" if eager or not graphs.names else "falls out of the graph"
     title = f"The optimizer step{at} {falls}: Dynamo cannot trace {optimizer}'s step at {where} ({what})"
     explanation = (
@@ -106,21 +130,17 @@ def step_break(context: AnalysisContext, where: str, what: str, reason: str,
     return StepBreak(title, explanation, suggestion, False)
 
 
-def _step_graphs(context: AnalysisContext) -> StepGraphs:
+def _step_graphs(context: AnalysisContext, step_file: str | None, caller: CallingLine | None) -> StepGraphs:
     """The frames Dynamo compiled in an optimizer's module (not torch's wrapper in `optimizer.py`), named
-    `Adam.step`, `LBFGS._add_grad` (a resumed frame by the method it resumes)."""
+    `Adam.step`, `LBFGS._add_grad` (a resumed frame by the method it resumes): those in `step_file` where given, else
+    those the caller's line called (all where none has that call site)."""
+    rows = [row for row in _optimizer_frames(context) if step_file is None or row[1] == step_file]
+    if caller is not None and step_file is None:
+        rows = [row for row in rows if detail_object(row[3]).get("call_site") == caller.short]
     names: list[str] = []
     ops = 0
     failure = None
-    for name, file, program_ops, detail in context.trace.sql(
-        "SELECT s.text, fs.text, p.n_ops, c.detail FROM compiles c JOIN strings s ON s.id = c.name_sid "
-        "JOIN frames f ON f.id = c.frame_id JOIN strings fs ON fs.id = f.file_sid "
-        "LEFT JOIN programs p ON p.id = c.program_id WHERE c.rank = ? AND c.kind = 'dynamo_frame' ORDER BY c.start_ns",
-        (context.rank,),
-    ):
-        path = (file or "").replace("\\", "/")
-        if _OPTIM_FOLDER not in path or path.endswith(_WRAPPER_FILE):
-            continue
+    for name, _, program_ops, detail in rows:
         parsed = detail_object(detail)
         graph_ops = parsed.get("n_ops", program_ops)
         owner, _, method = (name or "").rpartition(".")
@@ -132,3 +152,15 @@ def _step_graphs(context: AnalysisContext) -> StepGraphs:
         elif failure is None and isinstance(parsed.get("failed"), str):
             failure = str(parsed["failed"])
     return StepGraphs(tuple(names), ops, failure)
+
+
+def _optimizer_frames(context: AnalysisContext) -> list[tuple[str, str, int | None, str | None]]:
+    """(name, file, program ops, detail) of the Dynamo frames compiled in torch.optim's optimizer modules."""
+    rows = context.trace.sql(
+        "SELECT s.text, fs.text, p.n_ops, c.detail FROM compiles c JOIN strings s ON s.id = c.name_sid "
+        "JOIN frames f ON f.id = c.frame_id JOIN strings fs ON fs.id = f.file_sid "
+        "LEFT JOIN programs p ON p.id = c.program_id WHERE c.rank = ? AND c.kind = 'dynamo_frame' ORDER BY c.start_ns",
+        (context.rank,),
+    )
+    return [(name or "", file, ops, detail) for name, file, ops, detail in rows
+            if _OPTIM_FOLDER in (file or "").replace("\\", "/") and not (file or "").replace("\\", "/").endswith(_WRAPPER_FILE)]
