@@ -255,7 +255,7 @@ def test_a_compiled_graph_recompiled_per_value_of_a_dynamic_int_is_a_finding(tmp
     assert finding.title.startswith("sample graph 1 inference compiled again for each value of the int `temperature`")
     assert finding.line == _line(script, "@torch.compile")  # the compiled function's code begins there
     assert "took 5 values (2, 3, 4, 5, 6)" in finding.explanation, finding.explanation
-    assert finding.suggestion.startswith("Pass `temperature` to the compiled function as a tensor")
+    assert finding.suggestion.startswith("Pass `temperature` to the compiled function as a 0-d tensor")
 
 
 COMPILED_MODEL_EAGER_STEP = '''
