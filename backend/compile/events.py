@@ -249,13 +249,14 @@ def calling_frame(stack: Any) -> list[Any] | None:
     """[file, line, function] of the user's line that reached a graph break in another file (a helper module's, a
     library's): the innermost frame of Dynamo's user stack outside the break's file, libraries and tputrace; None
     where the break is in that code itself or the stack has no such frame."""
-    from tputrace.frame_files import is_library_file, is_own_file
+    from tputrace import sourceloc
 
     if len(stack) < 2:
         return None
+    roots = sourceloc.library_roots()
     break_file = stack[-1].filename
     for frame in reversed(stack[:-1]):
-        if frame.filename != break_file and not frame.filename.startswith("<") and not is_library_file(frame.filename) and not is_own_file(frame.filename):
+        if frame.filename != break_file and not frame.filename.startswith("<") and sourceloc.is_user_file(frame.filename, roots):
             return [frame.filename, frame.lineno or 0, frame.name]
     return None
 
