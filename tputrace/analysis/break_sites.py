@@ -15,6 +15,9 @@ from tputrace.frame_files import is_library_file
 from tputrace.store.records import SourceLocation
 
 # The folders under which a library's files lie; the path after the last one names the library and its module.
+# Where an import's break inside a library is, named in its reason (`… (in distributed.py:1757, f)`): its frame is the
+# user's line that reached it.
+IN_LIBRARY = re.compile(r" \(in (?P<file>[^()]+):(?P<line>\d+), (?P<function>[^()]+)\)$")
 _RESUMED = re.compile(r"^torch_dynamo_resume_in_(.+)_at_\d+$")
 _LIBRARY_FOLDER = re.compile(r".*/(?:site-packages|dist-packages|lib/python3(?:\.\d+)?)/")
 

@@ -53,7 +53,6 @@ _READ_ADVICE = {
 _HINT = re.compile(r"hint: (.+?)(?= - |$)", re.DOTALL)
 _RESUMED = re.compile(r"^torch_dynamo_resume_in_(.+)_at_\d+$")
 _LIBRARY_FILE = re.compile(r" \([^()/ ]+\.py\)$")
-_IN_LIBRARY = re.compile(r" \(in (?P<file>[^()]+):(?P<line>\d+), (?P<function>[^()]+)\)$")
 
 
 @dataclass(frozen=True)
@@ -197,16 +196,9 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
     elif hints and not syncs.syncs:
         suggestion = (f"Dynamo says how: {'; '.join(hint.strip().rstrip('.') for hint in hints[:2])}. Otherwise move the call "
                       f"at {where} out of the compiled function; `torch._dynamo.explain(fn)(*args)` lists every break.")
-    in_library = _IN_LIBRARY.search(reasons[0])  # an import's break inside a library, named in its reason
-    if optimizer_breaks.is_optimizer_break(location) or (
-            location is not None and in_library is not None
-            and optimizer_breaks.is_optimizer_file(in_library["file"], in_library["function"])):
-        step_where = where if in_library is None or location is None else f"{in_library['file']}:{in_library['line']}"
-        step_caller = caller if in_library is None or location is None else break_sites.CallingLine(
-            location.file, location.line, location.function, True)
-        step_file = None if in_library is not None else optimizer_breaks.module_file(location)
-        step = optimizer_breaks.step_break(context, step_where, what, _IN_LIBRARY.sub("", reasons[0]), step_caller,
-                                           outcome is not None and outcome.eager, step_file)
+    step = optimizer_breaks.step_break_at(context, location, where, what, reasons[0], caller,
+                                          outcome is not None and outcome.eager)
+    if step is not None:
         title = step.title + sync_part
         explanation, suggestion = (step.explanation + waited.lstrip()).rstrip(), step.suggestion
     evidence = [context.evidence_at(f"{plural(times, 'break')}: {disabled_calls.without_addresses(reason)}",
@@ -340,7 +332,7 @@ def _what_broke(reason: str) -> str:
         return "a Python branch on a tensor's value"
     parts = reason.split("`")
     # Without the library frame an import adds where the break is inside one (`… (in distributed.py:1757, f)`).
-    return parts[1] if len(parts) >= 3 and parts[1] else _IN_LIBRARY.sub("", reason.split(" - ")[0])[:60]
+    return parts[1] if len(parts) >= 3 and parts[1] else break_sites.IN_LIBRARY.sub("", reason.split(" - ")[0])[:60]
 
 
 def _syncs(context: AnalysisContext, file_sid: int, line: int) -> LineSyncs:

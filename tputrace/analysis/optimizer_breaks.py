@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tputrace.analysis.break_sites import CallingLine, user_function
+from tputrace.analysis.break_sites import IN_LIBRARY, CallingLine, user_function
 from tputrace.analysis.context import AnalysisContext, detail_object
 from tputrace.store.records import SourceLocation
 from tputrace.wording import plural
@@ -67,6 +67,19 @@ def is_optimizer_file(name: str, function: str) -> bool:
     """Whether a library frame an import names by its file's base name (`(in optimizer.py:79, _use_grad)`) is
     torch.optim's: its wrapper module, or an optimizer's step in one of its modules."""
     return name == "optimizer.py" or (name.removesuffix(".py") in _OPTIM_MODULES and user_function(function) == "step")
+
+
+def step_break_at(context: AnalysisContext, location: SourceLocation | None, where: str, what: str, reason: str,
+                  caller: CallingLine | None, eager: bool) -> StepBreak | None:
+    """The step's wording for a break at `location` in torch.optim, or for an import's break at the user's line whose
+    reason names torch.optim's file; None for any other break."""
+    in_library = IN_LIBRARY.search(reason)
+    if in_library is not None and location is not None and is_optimizer_file(in_library["file"], in_library["function"]):
+        return step_break(context, f"{in_library['file']}:{in_library['line']}", what, IN_LIBRARY.sub("", reason),
+                          CallingLine(location.file, location.line, location.function, True), eager, None)
+    if not is_optimizer_break(location):
+        return None
+    return step_break(context, where, what, reason, caller, eager, module_file(location))
 
 
 def step_break(context: AnalysisContext, where: str, what: str, reason: str, caller: CallingLine | None,
