@@ -38,7 +38,6 @@ class StepBreak:
     title: str
     explanation: str
     suggestion: str
-    torch_own: bool
 
 
 @dataclass(frozen=True)
@@ -110,7 +109,7 @@ def step_break(context: AnalysisContext, where: str, what: str, reason: str, cal
             "own. Keep the step in the compiled function (or compile a function that calls `opt.step()`), with the "
             "optimizer's default `foreach` implementation so the update is a few ops over all parameters, and, for "
             "Adam or AdamW, `capturable=True` so that its step counts stay on the chip.")
-        return StepBreak(title, explanation, suggestion, True)
+        return StepBreak(title, explanation, suggestion)
     disabled = _DISABLED_STEP.search(reason)
     if disabled is not None:  # torch itself keeps this optimizer's step out of Dynamo
         owner, why = disabled["owner"], disabled["why"].strip()
@@ -122,7 +121,7 @@ def step_break(context: AnalysisContext, where: str, what: str, reason: str, cal
         suggestion = (f"Dynamo does not compile {owner}'s step: call `opt.step()` outside the compiled function "
                       "(compile the forward and backward, a function that returns the loss), or use an optimizer whose "
                       "step Dynamo compiles (Adam, AdamW, SGD), through a compiled function that calls `opt.step()`.")
-        return StepBreak(title, explanation, suggestion, False)
+        return StepBreak(title, explanation, suggestion)
     falls = "is not compiled" if eager or not graphs.names else "falls out of the graph"
     title = f"The optimizer step{at} {falls}: Dynamo cannot trace {optimizer}'s step at {where} ({what})"
     explanation = (
@@ -140,7 +139,7 @@ def step_break(context: AnalysisContext, where: str, what: str, reason: str, cal
         "`opt.step()` outside the compiled function (with `foreach=True` where the optimizer takes it, so each update op "
         "runs over all parameters at once); or use an optimizer whose step Dynamo traces (Adam, AdamW, SGD with their default `foreach`), compiled "
         "through a function that calls `opt.step()`.")
-    return StepBreak(title, explanation, suggestion, False)
+    return StepBreak(title, explanation, suggestion)
 
 
 def _step_graphs(context: AnalysisContext, step_file: str | None, caller: CallingLine | None) -> StepGraphs:
