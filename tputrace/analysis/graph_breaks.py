@@ -34,6 +34,7 @@ from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severi
 from tputrace.analysis.syncs import HOST_OUTPUTS_OF_NUMBERS, STALL, SUGGESTIONS, host_outputs_advice
 from tputrace.frame_files import is_library_file
 from tputrace.store.aggregates import merged_ns
+from tputrace.store.records import SourceLocation
 from tputrace.wording import format_ns, plural
 
 NAME = "graph_breaks"
@@ -143,15 +144,14 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
     if context.severity(share) == "critical":
         severity = "critical"
     what = _what_broke(reasons[0]) if disabled is None else disabled_calls.title_part(disabled)
-    reached = "" if caller is None or location is None else \
-        f" in {break_sites.user_function(location.function)}(), reached from {caller.text}"
-    title = f"Graph break at {where}{reached} ({what}): {_runs_as(outcome, graphs, caller)}"
+    shown_at, reached = _shown_at(where, location, caller, reasons[0])
+    title = f"Graph break at {shown_at}{reached} ({what}): {_runs_as(outcome, graphs, caller)}"
     called = _called_graphs(context, where, outcome) if outcome is not None and not outcome.graphs else []
     sync_part = (f", {format_ns(syncs.steady_stall_ns / max(context.steady_count, 1))} of host sync per step"
                  if syncs.steady_syncs and context.steps else "")
     title += sync_part
     explanation = (
-        f"torch.compile broke the graph at {where}{reached} {plural(count, 'time')} (once per compile of the function): "
+        f"torch.compile broke the graph at {shown_at}{reached} {plural(count, 'time')} (once per compile of the function): "
         + (f"Dynamo cannot trace a Python branch on a tensor's value, which only the chip knows (`{reasons[0]}`). "
            if reasons[0].startswith("generic_jump") else f"{reasons[0].rstrip('.')}. ")
     )
@@ -224,6 +224,23 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
         **context.location_fields(frame_id),
     )
     return finding, data
+
+
+def _shown_at(where: str, location: SourceLocation | None, caller: break_sites.CallingLine | None,
+              reason: str) -> tuple[str, str]:
+    """Where the title says the break is, and the user's line that reached it where that is another file's: a
+    recorded break's calling line, or the user's line an import keeps a library's break at (its reason names the
+    library's place, `(in distributed.py:1757, _pre_forward)`)."""
+    if location is None:
+        return where, ""
+    if caller is not None:
+        return where, f" in {break_sites.user_function(location.function)}(), reached from {caller.text}"
+    in_library = break_sites.IN_LIBRARY.search(reason)
+    if in_library is None:
+        return where, ""
+    user_line = break_sites.CallingLine(location.file, location.line, location.function, True)
+    return (f"{in_library['file']}:{in_library['line']}",
+            f" in {break_sites.user_function(in_library['function'])}(), reached from {user_line.text}")
 
 
 def _library_break_advice(where: str, caller: break_sites.CallingLine | None) -> str:
