@@ -4,11 +4,10 @@ The MXU multiplies bfloat16; a float32 product takes six bfloat16 passes at PyTo
 precision ("highest"), three at `torch.set_float32_matmul_precision("high")` and one at "medium"
 (`chips.PRECISION_PASSES`). Per product, the analyzer compares the target's roofline time at the
 setting it ran at with the same product's compute at bfloat16 speed (bytes unchanged: autocast keeps
-float32 weights and casts on the fly), an estimate, and takes that share of the product's chip time: measured on a TPU,
-the target's roofline time where the run's chips were XLA:CPU (`product_times`), whose own times say nothing of the
-MXU's passes. Memory-bound products gain nothing and are left
-out, and so are products that already ran at "medium". For products at "highest" it also estimates
-the lighter change, "high".
+float32 weights and casts on the fly), an estimate, and takes that share of the product's chip time: measured on a
+TPU, the target's roofline time where the run's chips were XLA:CPU (`product_times`), whose own times say nothing of
+the MXU's passes. Memory-bound products gain nothing and are left out, and so are products that already ran at
+"medium". For products at "highest" it also estimates the lighter change, "high".
 """
 
 from __future__ import annotations
@@ -99,7 +98,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[PrecisionData]:
     cost = sum(saving for _, saving, _ in entries)
     step_share = projected_step_share(context, cost) if projected else None
     share = context.share_of_step(cost) if step_share is None else step_share
-    data = PrecisionData(flop_share, products, cost, high_cost, "target roofline estimate" if projected else "measured")
+    data = PrecisionData(flop_share, products, cost, high_cost, "target roofline estimate" if projected or not times.measured else "measured")
     if not entries or share < MIN_REPORTED_SHARE:
         return AnalysisResult(NAME, data)
     # Point at the forward call (it has a module) that would save the most.
