@@ -7,7 +7,9 @@ and its run (the launch's `run_id`, where the events carry one); the k-th such c
 same call. A group is one of the op's replica groups (its HLO, `hlo_placement`), as devices; where the HLO does not
 name them, or names devices that are not the capture's chip numbers, the chips that ran the op are one group. A
 chip's wait is the last arrival of its group less its own arrival, at most its call's duration, as `tputrace merge`
-reckons the ranks' waits. The rows are kept until the rank's planes have all been read (a chip's calls are on its
+reckons the ranks' waits. Each row's message size and element type are those its instruction's shapes in the HLO
+give (`hlo_collectives`), where the HLO has them (the event's `bytes_accessed`, what the op read and wrote in memory,
+stands for the size only where it has not). The rows are kept until the rank's planes have all been read (a chip's calls are on its
 own plane, or on the host threads that ran its ops)."""
 
 from __future__ import annotations
@@ -16,11 +18,15 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from tputrace.importers.hlo_collectives import CollectiveSize
+
 # (program id or None, op name, run id or None): one op's call in one run of its program.
 CallKey = tuple[int | None, str, int | None]
-Groups = Callable[[int | None, str], tuple[tuple[int, ...], ...] | None]
+# An op's device groups and message size from its program's HLO, each None where unknown.
+CollectiveHlo = tuple[tuple[tuple[int, ...], ...] | None, CollectiveSize | None]
+HloOf = Callable[[int | None, str], CollectiveHlo]
 
-_START, _DUR, _WAIT = 7, 8, 9  # the `collectives` row's start_ns, dur_ns and wait_ns
+_BYTES, _DTYPE, _START, _DUR, _WAIT = 2, 3, 7, 8, 9  # the `collectives` row's bytes, dtype, start_ns, dur_ns, wait_ns
 
 
 class ChipCollectives:
@@ -32,20 +38,25 @@ class ChipCollectives:
     def add(self, key: CallKey, chip: int, row: tuple[Any, ...]) -> None:
         self.calls.append((key, chip, row))
 
-    def rows(self, groups_of: Groups) -> list[tuple[Any, ...]]:
-        """The rows, each with its chip's wait where its call ran on another chip of its group too."""
+    def rows(self, hlo_of: HloOf) -> list[tuple[Any, ...]]:
+        """The rows, each with its size from the HLO and its chip's wait where its call ran on another chip of its
+        group too."""
         rows = [row for _, _, row in self.calls]
         by_key: dict[CallKey, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
         for index, (key, chip, _) in enumerate(self.calls):
             by_key[key][chip].append(index)
-        known: dict[tuple[int | None, str], tuple[tuple[int, ...], ...] | None] = {}  # (program, op) -> its groups
+        known: dict[tuple[int | None, str], CollectiveHlo] = {}  # (program, op) -> its groups and size
         for key, by_chip in by_key.items():
-            if len(by_chip) < 2:
-                continue
             op = (key[0], key[1])
             if op not in known:
-                known[op] = groups_of(*op)
-            for members in _chip_groups(set(by_chip), known[op]):
+                known[op] = hlo_of(*op)
+            groups, size = known[op]
+            if size is not None:
+                for index in (index for indices in by_chip.values() for index in indices):
+                    rows[index] = (*rows[index][:_BYTES], size.nbytes, size.dtype, *rows[index][_DTYPE + 1:])
+            if len(by_chip) < 2:
+                continue
+            for members in _chip_groups(set(by_chip), groups):
                 calls = [sorted(by_chip[chip], key=lambda index: int(rows[index][_START])) for chip in members]
                 for matched in zip(*calls):
                     last = max(int(rows[index][_START]) for index in matched)

@@ -12,6 +12,7 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field as dataclass_field
 
+from tputrace.importers.hlo_collectives import CollectiveSize, collective_sizes
 from tputrace.importers.hlo_placement import ProgramPlacement, program_placement
 
 Fields = Callable[[bytes], Iterator[tuple[int, int | bytes]]]
@@ -35,6 +36,7 @@ class ProgramBody:
     constants: str  # digest of the constants' literals
     scalars: tuple[str, ...]  # the scalar constants' values, in order (at most MAX_CONSTANTS)
     placement: ProgramPlacement = dataclass_field(default_factory=ProgramPlacement)  # its parameters' shardings and devices
+    collectives: dict[str, CollectiveSize] = dataclass_field(default_factory=dict)  # per collective, its message size
 
 
 def program_body(module: bytes, fields: Fields) -> ProgramBody:
@@ -67,7 +69,7 @@ def program_body(module: bytes, fields: Fields) -> ProgramBody:
                 if scalar is not None and len(scalars) < MAX_CONSTANTS:
                     scalars.append(scalar)
     return ProgramBody(structure.hexdigest(), opcodes.hexdigest(), constants.hexdigest(), tuple(scalars),
-                       program_placement(module, fields))
+                       program_placement(module, fields), collective_sizes(module, fields))
 
 
 def _scalar(literal: bytes, fields: Fields) -> str | None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tputrace.importers.chip_collectives import ChipCollectives
+from tputrace.importers.chip_collectives import ChipCollectives, CollectiveHlo
 from tputrace.importers.hlo_body import ProgramBody
 from tputrace.importers.hlo_metadata import HloVersions
 from tputrace.importers.xla_ops import COLLECTIVE_CATEGORIES, LineNesting
@@ -135,15 +135,18 @@ class OpRows:
     hlo_versions: HloVersions
     hlo_bodies: dict[tuple[str, int], ProgramBody]
 
-    def _collective_groups(self, program_id: int | None, op_name: str) -> tuple[tuple[int, ...], ...] | None:
-        """The device groups the HLO of a program (by id) names for its collective op `op_name`; None where unknown."""
+    def _collective_hlo(self, program_id: int | None, op_name: str) -> CollectiveHlo:
+        """The device groups and the message size the HLO of a program (by id) gives its collective op `op_name`; each
+        None where unknown."""
         name = next((program.name for program in self.programs.values() if program.program_id == program_id), None)
         match = re.fullmatch(r"(.*)\((\d+)\)", name or "")
         module = match.group(1) if match else name or ""
         versions = self.hlo_versions.get(module, ())
         version = int(match.group(2)) if match else versions[0][0] if len(versions) == 1 else None
         body = self.hlo_bodies.get((module, version)) if version is not None else None
-        return body.placement.groups.get(op_name) if body is not None else None
+        if body is None:
+            return None, None
+        return body.placement.groups.get(op_name), body.collectives.get(op_name)
 
     def _steps_of_runs(self, starts: np.ndarray, run_ids: np.ndarray, has_run: np.ndarray) -> np.ndarray:
         raise NotImplementedError
