@@ -7,7 +7,8 @@ and its run (the launch's `run_id`, where the events carry one); the k-th such c
 same call. A group is one of the op's replica groups (its HLO, `hlo_placement`), as devices; where the HLO does not
 name them, or names devices that are not the capture's chip numbers, the chips that ran the op are one group. A
 chip's wait is the last arrival of its group less its own arrival, at most its call's duration, as `tputrace merge`
-reckons the ranks' waits. Each row's message size and element type are those its instruction's shapes in the HLO
+reckons the ranks' waits; a collective permute's chips each wait for their own source, not a group, so its waits
+stay unknown. Each row's message size and element type are those its instruction's shapes in the HLO
 give (`hlo_collectives`), where the HLO has them (the event's `bytes_accessed`, what the op read and wrote in memory,
 stands for the size only where it has not). The rows are kept until the rank's planes have all been read (a chip's calls are on its
 own plane, or on the host threads that ran its ops)."""
@@ -26,7 +27,9 @@ CallKey = tuple[int | None, str, int | None]
 CollectiveHlo = tuple[tuple[tuple[int, ...], ...] | None, CollectiveSize | None]
 HloOf = Callable[[int | None, str], CollectiveHlo]
 
-_BYTES, _DTYPE, _START, _DUR, _WAIT = 2, 3, 7, 8, 9  # the `collectives` row's bytes, dtype, start_ns, dur_ns, wait_ns
+_KIND, _BYTES, _DTYPE, _START, _DUR, _WAIT = 1, 2, 3, 7, 8, 9  # the `collectives` row's kind, bytes, dtype, start_ns, dur_ns, wait_ns
+_POINT_TO_POINT = frozenset(("collective_permute",))
+"""Kinds whose chips each wait for their own source, not for a group: their waits stay unknown."""
 
 
 class ChipCollectives:
@@ -54,7 +57,7 @@ class ChipCollectives:
             if size is not None:
                 for index in (index for indices in by_chip.values() for index in indices):
                     rows[index] = (*rows[index][:_BYTES], size.nbytes, size.dtype, *rows[index][_DTYPE + 1:])
-            if len(by_chip) < 2:
+            if len(by_chip) < 2 or rows[next(iter(by_chip.values()))[0]][_KIND] in _POINT_TO_POINT:
                 continue
             for members in _chip_groups(set(by_chip), groups):
                 calls = [sorted(by_chip[chip], key=lambda index: int(rows[index][_START])) for chip in members]
