@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from rich.text import Text
 from textual.widgets import Static
 
+from tputrace.derived.imported_sources import imported_source
 from tputrace.tui import queries
 from tputrace.tui.render import fmt_bytes, fmt_count, fmt_ns, fmt_rate, fmt_share, right, share_bar
 from tputrace.tui.view import TraceView, palette_for
@@ -17,6 +18,8 @@ from tputrace.wording import plural
 if TYPE_CHECKING:
     from textual.app import ComposeResult
     from textual.widget import Widget
+
+    from tputrace.store.reader import Trace
 
 
 class CollectivesView(TraceView):
@@ -37,7 +40,8 @@ class CollectivesView(TraceView):
 
     def load(self) -> None:
         rank = self.session.rank
-        self.request("main", lambda trace: (queries.collective_groups(trace, rank), queries.collective_ranks(trace)))
+        self.request("main", lambda trace: (queries.collective_groups(trace, rank), queries.collective_ranks(trace),
+                                            _waited_for(trace, rank)))
 
     def restyle(self) -> None:
         if self._payload is not None:
@@ -45,7 +49,7 @@ class CollectivesView(TraceView):
 
     def apply(self, slot: str, payload: Any) -> None:
         self._payload = payload
-        groups, ranks = payload
+        groups, ranks, waited_for = payload
         palette = palette_for(self.app)
         self.query_one("#collectives-kinds", TraceTable).show([
             (str(index), (Text(group.kind), right(_known(fmt_bytes, group.bytes)), right(fmt_count(group.count)),
@@ -68,15 +72,28 @@ class CollectivesView(TraceView):
         waits = [group.wait_ns for group in groups if group.wait_ns is not None]
         if waits:
             wait = sum(waits)
-            waiting = f"{fmt_ns(wait)} waiting for other ranks ({fmt_share(wait / total) if total else '-'})"
+            waiting = f"{fmt_ns(wait)} waiting for {waited_for} ({fmt_share(wait / total) if total else '-'})"
         else:
-            waiting = "waiting for other ranks unknown (not measured in this trace)"
+            waiting = f"waiting for {waited_for} unknown (not measured in this trace)"
         parts: list[str | tuple[str, str]] = [f"rank {self.session.rank}: {plural(count, 'collective')}, {fmt_ns(total)}, {waiting}"]
         measured = [row for row in ranks if row.wait_ns is not None]
         if len(measured) > 1:
             least = min(measured, key=lambda row: row.wait_ns or 0)
             parts.append((f" · rank {least.rank} waits least: the others wait for it", "bold"))
         self.say("collectives-status", *parts)
+
+
+def _waited_for(trace: Trace, rank: int) -> str:
+    """Whom `rank`'s collectives wait for, by what the trace holds: an XProf import of several chips has a row per
+    chip's call, each waiting for the other chips of its capture (`other chips`); rows of other ranks wait across
+    ranks (`other ranks`); an import of several such captures holds both."""
+    source = imported_source(trace, rank)
+    chips = next((run.chips for run in trace.runs if run.rank == rank), None) or 1
+    per_chip = source is not None and source.get("format") == "xplane" and chips > 1
+    ((other_ranks,),) = trace.sql("SELECT COUNT(DISTINCT rank) > 1 FROM collectives")
+    if per_chip:
+        return "other chips and ranks" if other_ranks else "other chips"
+    return "other ranks"
 
 
 UNKNOWN = "unknown"

@@ -17,6 +17,7 @@ from tputrace.backend.compile import hop_decompositions
 from tputrace.backend.compile.eager_graphs import EagerGraph, data_dependent_cause
 from tputrace.backend.compile.events import DynamoEvents
 from tputrace.backend.compile.graphs import CompiledGraph, GraphInfo
+from tputrace.backend.compile.int_uses import int_uses
 from tputrace.backend.compile.settings import CompileSettings
 from tputrace.backend.core.dtypes import short_name
 
@@ -71,6 +72,8 @@ class TpuBackend:
                     int_names = _int_input_names(int_sources, aot_inputs) if role != "backward" else {}
                     if int_names:
                         detail["int_inputs"] = int_names
+                        uses = int_uses(aot_gm)
+                        detail["int_uses"] = {index: uses[int(index)] for index in int_names if int(index) in uses}
                     if graph.bucketing is not None:
                         detail["buckets"] = [padding.symbol for padding in graph.bucketing.symbols]
                     if graph.bucket_refusal is not None:

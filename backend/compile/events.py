@@ -47,6 +47,7 @@ class FrameCompile:
     backend_ns: int = 0
     xla_ns: int = 0
     graph_breaks: int = 0
+    break_calls: list[dict[str, Any]] = field(default_factory=list)  # where the user's code reached each break from
     mode: str | None = None
     ours: bool = False
 
@@ -175,8 +176,12 @@ class DynamoEvents:
             "graph_breaks": frame.graph_breaks,
             "backend": "tpu" if frame.ours else "other",
         }
+        if frame.break_calls:
+            detail["break_calls"] = frame.break_calls
         if frame.call_site:
             detail["call_site"] = frame.call_site
+        if frame.call_frame_id is not None:
+            detail["call_frame_id"] = frame.call_frame_id
         if frame.mode:
             detail["mode"] = frame.mode
         if failed_entry:
@@ -228,6 +233,9 @@ class DynamoEvents:
                 seen.add(key)
                 if frame is not None:
                     frame.graph_breaks += 1
+                    call = calling_frame(reason.user_stack or [])
+                    if call is not None and user_frame is not None:
+                        frame.break_calls.append({"at": [user_frame.filename, user_frame.lineno or 0], "called_at": call})
                 if user_frame is None:
                     recorder.graph_break(text, None, None, None)
                 else:
@@ -235,6 +243,22 @@ class DynamoEvents:
 
 
 _FAILURE_TEXT_CHARS = 4000
+
+
+def calling_frame(stack: Any) -> list[Any] | None:
+    """[file, line, function] of the user's line that reached a graph break in another file (a helper module's, a
+    library's): the innermost frame of Dynamo's user stack outside the break's file, libraries and tputrace; None
+    where the break is in that code itself or the stack has no such frame."""
+    from tputrace import sourceloc
+
+    if len(stack) < 2:
+        return None
+    roots = sourceloc.library_roots()
+    break_file = stack[-1].filename
+    for frame in reversed(stack[:-1]):
+        if frame.filename != break_file and not frame.filename.startswith("<") and sourceloc.is_user_file(frame.filename, roots):
+            return [frame.filename, frame.lineno or 0, frame.name]
+    return None
 
 
 def _failure(metrics: Any, call_frame_id: int | None) -> dict[str, Any]:

@@ -66,9 +66,9 @@ def test_torch_trace_logs_name_a_guard_on_a_value_and_a_break_inside_a_library(t
         assert f"{script.name}:5 in torch_dynamo_resume_in_normalize_at_5)" in place, diff
         assert "evaluate_expr" not in diff, diff
 
-    # A graph break inside a library's code (DDP's forward): its title names what broke, without the library frame
-    # the import names it in (`(in distributed.py:1757, _pre_forward)`), and a function, not the tail of a library
-    # compile's name `helper (contextlib.py)` (`py)()`).
+    # A graph break inside a library's code (DDP's forward): its title names the library's place the import names
+    # (`(in distributed.py:1757, _pre_forward)`) and the user's line that reached it, what broke, without that frame,
+    # and a function, not the tail of a library compile's name `helper (contextlib.py)` (`py)()`).
     ddp_script = tmp_path / "compiled_ddp.py"
     ddp_script.write_text(TORCH_COMPILED_DDP)
     _run(ddp_script, free_port(), env={**os.environ, "TORCH_TRACE": str(tmp_path / "ddp_trace")})
@@ -77,8 +77,11 @@ def test_torch_trace_logs_name_a_guard_on_a_value_and_a_break_inside_a_library(t
     breaks = [finding for finding in analyze_path(output).findings if finding.analyzer == "graph_breaks"]
     assert breaks and all(finding.line == 8 for finding in breaks), [(finding.title, finding.line) for finding in breaks]
     for finding in breaks:
-        match = re.fullmatch(r"Graph break at compiled_ddp\.py:8 \(([^()]+)\): (\w+)\(\) runs .*", finding.title)
+        match = re.fullmatch(r"Graph break at (?:\w+\.py:\d+ in \w+\(\), reached from )?compiled_ddp\.py:8(?: in \w+\(\))? "
+                             r"\(([^()]+)\): (\w+)\(\) runs .*", finding.title)
         assert match is not None, finding.title
+    assert any("distributed.py:" in finding.title and "reached from compiled_ddp.py:8" in finding.title
+               for finding in breaks), [finding.title for finding in breaks]
 
 
 # A `jax.pmap`ped step in a script named `pmap.py`, compiled inside the trace: JAX compiles its own wrapper `_fun` of

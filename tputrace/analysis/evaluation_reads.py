@@ -11,6 +11,7 @@ logged loss on the chip does not apply; reading once per evaluation, not once pe
 from __future__ import annotations
 
 from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.item_fixes import stacked_text, values_read
 
 ONCE = ("The read at {where} ends an evaluation the loop runs every {every} steps (the forward of {modules} ran "
         "for it): the script needs its value on the host (early stopping, a best checkpoint), and it waits once per "
@@ -19,6 +20,21 @@ ONCE = ("The read at {where} ends an evaluation the loop runs every {every} step
 PER_BATCH = ("The reads at {where} end an evaluation the loop runs every {every} steps (the forward of {modules} "
              "ran for {them}), {count} at a time: add each batch's value into a tensor on the chip (`total += loss`) "
              "and read the total once after the evaluation loop, one wait per evaluation instead of {count}.")
+
+TOGETHER = ("The reads at {where} end an evaluation the loop runs every {every} steps (the forward of {modules} ran "
+            "for them): the line reads {count} values, each a wait for the chip in turn. Read them together in one "
+            "transfer, `{stacked}.tolist()`, one wait per evaluation instead of {count}.")
+PER_BATCH_TOGETHER = ("The reads at {where} end an evaluation the loop runs every {every} steps (the forward of "
+                      "{modules} ran for them), {count} at a time, {values} values a batch, each a wait for the chip in "
+                      "turn: add each batch's values, stacked, into one tensor on the chip (`totals += {stacked}`) and "
+                      "read it once after the evaluation loop (`totals.tolist()`), one wait per evaluation instead of "
+                      "{count}.")
+# Reads the line already makes every few steps (an evaluation or a log under `if step % N == 0`).
+PERIODIC = ("The line already reads every {every} steps, and each read still waits for the chip to finish the work "
+            "queued before it: read less often (every {less_often} steps) or after the loop; for a logged loss, add "
+            "`loss.detach()` into a tensor on the chip each step and read the sum when you log.")
+PERIODIC_TOGETHER = (" The line reads {count} values each time, each a wait for the chip in turn: read them together "
+                     "in one transfer, `{stacked}.tolist()`, one wait instead of {count}.")
 
 KEPT_PER_BATCH = ("The copies at {where} end an evaluation the loop runs every {every} steps (the forward of {modules} "
                   "ran for them), {count} at a time, each kept in a list: append the tensors themselves (without "
@@ -91,12 +107,31 @@ def _without_backward(graphs: list[tuple[int, str]]) -> list[tuple[int, str]]:
     return kept
 
 
+def periodic_suggestion(every: tuple[int, int], text: str) -> str:
+    """The fix for reads a line makes `every[0]` at a time every `every[1]` steps (a log under `if step % N == 0`),
+    with, for a line whose text reads several values (`print(loss.item(), acc.item())`) as many times each, reading
+    them together."""
+    count, names = values_read(text)
+    together = (PERIODIC_TOGETHER.format(count=count, stacked=stacked_text(count, names))
+                if count >= 2 and every[0] % count == 0 else "")
+    return PERIODIC.format(every=every[1], less_often=4 * every[1]) + together
+
+
 def evaluation_suggestion(where: str, every: tuple[int, int], modules: tuple[str, ...], *, kept: bool = False,
-                          forward_read_at: str | None = None) -> str:
+                          forward_read_at: str | None = None, text: str = "") -> str:
     """The fix for reads that end an evaluation run `every[0]` at a time every `every[1]` steps; `kept`: copies each
     appended to a list (predictions gathered for a metric), which are stacked, not summed; `forward_read_at`: the
-    line whose reads in the same steps ran the forward, where this line's reads only waited for their metric."""
+    line whose reads in the same steps ran the forward, where this line's reads only waited for their metric; `text`:
+    the line's, whose several reads (`print(loss.item(), acc.item())`) are read together, once per evaluation or once
+    per evaluation loop where each batch makes them."""
     names = ", ".join(f"`{module}`" for module in modules[:3])
+    count, values = values_read(text)
+    if count >= 2 and not kept and every[0] % count == 0:
+        stacked = stacked_text(count, values)
+        if every[0] == count:
+            return TOGETHER.format(where=where, every=every[1], modules=names, count=count, stacked=stacked)
+        return PER_BATCH_TOGETHER.format(where=where, every=every[1], modules=names, count=every[0], values=count,
+                                         stacked=stacked)
     if every[0] > 1 and kept:
         return KEPT_PER_BATCH.format(where=where, every=every[1], modules=names, count=every[0])
     if every[0] > 1:

@@ -13,7 +13,10 @@ the frozen modules' forward line (their products that take those weights), costi
 backward's other products taking the weights (input gradients) are told apart, waste too unless a trained layer feeds
 the frozen model. Weight gradients are read from 2-D products (linear layers) and from convolutions' backward
 (`aten.convolution_backward` of a frozen weight whose weight-gradient output is present: its output_mask asked for it),
-costing the convolution's weight-gradient FLOPs; its input gradient, when present, is a product through the weight."""
+costing the convolution's weight-gradient FLOPs; its input gradient, when present, is a product through the weight.
+The cost is those products' chip time as the run measured it (attributed by FLOP share): the work is wasted on any
+chip; where the chips were XLA:CPU, the finding also gives the products' roofline time on the target.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.analysis.matmuls import MatmulGroup, chip_time, matmul_groups
+from tputrace.analysis.product_times import on_cpu_chips, projected_ns
 from tputrace.analysis.shapes import op_family, parse_specs
 from tputrace.wording import format_ns, plural
 
@@ -42,6 +46,7 @@ class FrozenBackward:
     cost_ns: float  # their chip time
     through_products: int  # the backward's other products that take a frozen weight (input gradients)
     through_ns: float
+    projected_ns: float | None = None  # on XLA:CPU chips: the weight-gradient products' roofline time on the target
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[FrozenBackwardData]:
     data = FrozenBackward(context.where(forward_frame), modules, weights,
                           sum(group.calls * len(group.products) for group in backward), cost,
                           sum(group.calls * len(group.products) for group in through),
-                          sum(times.attributed_ns(context, group) for group in through))
+                          sum(times.attributed_ns(context, group) for group in through),
+                          sum(projected_ns(context, group) for group in backward) if on_cpu_chips(context) else None)
     finding = _finding(context, data, forward_frame, backward) if context.share_of_step(cost) >= MIN_STEP_SHARE else None
     return AnalysisResult(NAME, FrozenBackwardData(data), (finding,) if finding else ())
 
@@ -196,7 +202,8 @@ def _finding(context: AnalysisContext, data: FrozenBackward, forward_frame: int 
             f"{data.forward_at} kept its graph and the backward at {backward_at} computed their gradients: "
             f"{plural(data.weight_gradients, 'weight-gradient product')} in the loop whose results no step uses (the weights' "
             f"`.grad` is never stepped), an estimated {format_ns(data.cost_ns)} of chip time ({share:.1%} of a step; "
-            "their elementwise backward comes on top), besides the activations the forward saved for them."
+            f"their elementwise backward comes on top){_projected_text(context, data)}, besides the activations the "
+            "forward saved for them."
             + (f" The backward also ran {plural(data.through_products, 'product')} through those weights "
                f"({format_ns(data.through_ns)}), waste as well unless a trained layer feeds the model's input."
                if data.through_products else "")
@@ -214,6 +221,14 @@ def _finding(context: AnalysisContext, data: FrozenBackward, forward_frame: int 
         module=data.modules[0] if data.modules else None,
         **context.location_fields(forward_frame),
     )
+
+
+def _projected_text(context: AnalysisContext, data: FrozenBackward) -> str:
+    """Beside a cost measured on XLA:CPU chips, what the products would take on the target (a roofline estimate)."""
+    if data.projected_ns is None:
+        return ""
+    return (f", measured on this run's XLA:CPU chips: on {context.target.label} they would take about "
+            f"{format_ns(data.projected_ns)} (roofline estimate from their FLOPs and bytes)")
 
 
 def _roots(modules: tuple[str, ...]) -> str:

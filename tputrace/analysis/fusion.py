@@ -16,9 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tputrace.analysis import unrolled_loops
+from tputrace.analysis.call_sites import line_text
 from tputrace.analysis.collective_phases import collective_phases
 from tputrace.analysis.context import AnalysisContext, in_list, outside_fallbacks
 from tputrace.analysis.findings import AnalysisResult, Finding
+from tputrace.analysis.item_fixes import item_spelling
+from tputrace.analysis.read_elements import element_reads_fix
+from tputrace.analysis.read_once import VALUE_READS
 from tputrace.analysis.syncs import known_library_read, library_suggestion, library_where
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, then
 from tputrace.store.aggregates import SYNC_COMPILE_NS
@@ -31,7 +35,7 @@ MIN_CUTS_PER_STEP = 3.0
 
 SUGGESTIONS: dict[str, str] = {
     "bool": "replace Python control flow on tensor values (`if x.any():`) with `torch.where`, or check once per step",
-    "item": "read values with `.item()` every N steps, not between layers or every step, and compute what you read "
+    "item": "read values with `{read}` every N steps, not between layers or every step, and compute what you read "
             "before `optimizer.step()`: then it runs in the step's program, not in one of its own after it",
     "print": "print every N steps, not between layers or every step, values computed before `optimizer.step()`: then "
              "they run in the step's program, not in one of their own after it",
@@ -135,7 +139,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[FusionData]:
         for trigger, frame_id, count, n_ops in cuts[:6]
     )
     where_top = context.where(top_frame)
-    hint = _collective_hint(context, top_frame) if top_trigger == "collective" else SUGGESTIONS.get(top_trigger, "move the host read after the step")
+    hint = _collective_hint(context, top_frame) if top_trigger == "collective" else _read_hint(context, top_frame, top_trigger)
     module = module_of_read(context, top_frame, top_trigger)
     change = f"{change_in_module(context, top_frame, module, where_top)}{hint}" if module else f"At {where_top}: {hint}"
     libraries = _library_reads(context, top_frame, top_trigger)
@@ -171,6 +175,23 @@ def analyze(context: AnalysisContext) -> AnalysisResult[FusionData]:
         **context.location_fields(top_frame),
     )
     return AnalysisResult(NAME, data, (finding,))
+
+
+def _read_hint(context: AnalysisContext, frame_id: int | None, trigger: str) -> str:
+    """The advice for cuts by `trigger` at `frame_id`'s line, in the words of what the line reads: its elements one
+    at a time (`[t.item() for t in parts]`, `for row in rows:` then `float(row)`), read once; an `item` read spelled
+    as the run's copy of the line spells it (`float(loss)`)."""
+    hint = SUGGESTIONS.get(trigger, "move the host read after the step")
+    if trigger not in VALUE_READS:
+        return hint
+    count = context.trace.sql("SELECT COUNT(*) FROM syncs WHERE rank = ? AND frame_id IS ? AND kind = ?",
+                              (context.rank, frame_id, trigger))[0][0]
+    elements = element_reads_fix(context, frame_id, int(count))
+    if elements is not None:
+        return elements[0].lower() + elements[1:].rstrip(".")
+    if trigger != "item":
+        return hint
+    return hint.format(read=item_spelling(line_text(context.location(frame_id), context.trace) or ""))
 
 
 def _collective_hint(context: AnalysisContext, frame_id: int | None) -> str:

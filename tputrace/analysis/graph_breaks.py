@@ -11,6 +11,10 @@ What the function runs as is read from its compiles (the one the break was recor
 and its resumed frames'): the number of its code objects that compiled a graph with ops, or, where none
 did and Dynamo failed on the frame, that it runs eagerly.
 
+A break in another file than the user's line that reached it (a helper module's, a library's) names both
+(`break_sites`); one in torch.optim's code under a compiled optimizer step is told by what happened to the step
+(`optimizer_breaks`).
+
 A run that stopped on one of Dynamo's errors (a graph break under `fullgraph=True`) is a finding too
 (`compile_errors`), read from the run's exception.
 """
@@ -23,13 +27,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from tputrace.analysis.compile_errors import compile_error_findings
-from tputrace.analysis import disabled_calls
+from tputrace.analysis import break_sites, disabled_calls, optimizer_breaks
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, detail_object
 from tputrace.analysis.failed_compiles import failed_compile_findings
-from tputrace.analysis.findings import AnalysisResult, Finding, Severity
+from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
 from tputrace.analysis.syncs import HOST_OUTPUTS_OF_NUMBERS, STALL, SUGGESTIONS, host_outputs_advice
 from tputrace.frame_files import is_library_file
 from tputrace.store.aggregates import merged_ns
+from tputrace.store.records import SourceLocation
 from tputrace.wording import format_ns, plural
 
 NAME = "graph_breaks"
@@ -49,7 +54,6 @@ _READ_ADVICE = {
 _HINT = re.compile(r"hint: (.+?)(?= - |$)", re.DOTALL)
 _RESUMED = re.compile(r"^torch_dynamo_resume_in_(.+)_at_\d+$")
 _LIBRARY_FILE = re.compile(r" \([^()/ ]+\.py\)$")
-_IN_LIBRARY = re.compile(r" \(in [^()]+:\d+, [^()]+\)$")
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ class Outcome:
     function: str
     graphs: int
     eager: bool
+    file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[GraphBreaksData]:
     for file_sid, line, frame_id, reason_sid, count, t_ns in rows:
         breaks_by_line[(file_sid, line)].append((frame_id, trace.string(reason_sid) or "graph break", count))
         last_t[(file_sid, line)] = max(last_t.get((file_sid, line), t_ns), t_ns)
-    found = [_finding(context, file_sid, line, breaks, _outcome(context, last_t[(file_sid, line)], breaks[0][0]))
+    found = [_finding(context, file_sid, line, breaks, _outcome(context, last_t[(file_sid, line)], breaks[0][0]),
+                      last_t[(file_sid, line)])
              for (file_sid, line), breaks in breaks_by_line.items()]
     findings = [finding for finding, _ in found] + compile_error_findings(context, NAME) + \
         failed_compile_findings(context, NAME)
@@ -116,12 +122,13 @@ def analyze(context: AnalysisContext) -> AnalysisResult[GraphBreaksData]:
 
 
 def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tuple[int, str, int]],
-             outcome: Outcome | None) -> tuple[Finding, GraphBreak]:
+             outcome: Outcome | None, t_ns: int) -> tuple[Finding, GraphBreak]:
     frame_id = breaks[0][0]
-    where = context.where(frame_id)
+    location = context.location(frame_id)
+    where = context.where(frame_id) if location is None else break_sites.break_where(location)
     count = sum(times for _, _, times in breaks)
     reasons = [disabled_calls.without_addresses(reason) for _, reason, _ in breaks]
-    location = context.location(frame_id)
+    caller = None if location is None else break_sites.calling_line(context, location, t_ns)
     disabled = None if location is None else disabled_calls.disabled_call(
         reasons[0], context.trace.source_copy(location.file), location.file)
     syncs = _syncs(context, file_sid, line)
@@ -137,12 +144,14 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
     if context.severity(share) == "critical":
         severity = "critical"
     what = _what_broke(reasons[0]) if disabled is None else disabled_calls.title_part(disabled)
-    title = f"Graph break at {where} ({what}): {_runs_as(outcome, graphs)}"
+    shown_at, reached = _shown_at(where, location, caller, reasons[0])
+    title = f"Graph break at {shown_at}{reached} ({what}): {_runs_as(outcome, graphs, caller)}"
     called = _called_graphs(context, where, outcome) if outcome is not None and not outcome.graphs else []
-    if syncs.steady_syncs and context.steps:
-        title += f", {format_ns(syncs.steady_stall_ns / max(context.steady_count, 1))} of host sync per step"
+    sync_part = (f", {format_ns(syncs.steady_stall_ns / max(context.steady_count, 1))} of host sync per step"
+                 if syncs.steady_syncs and context.steps else "")
+    title += sync_part
     explanation = (
-        f"torch.compile broke the graph at {where} {plural(count, 'time')} (once per compile of the function): "
+        f"torch.compile broke the graph at {shown_at}{reached} {plural(count, 'time')} (once per compile of the function): "
         + (f"Dynamo cannot trace a Python branch on a tensor's value, which only the chip knows (`{reasons[0]}`). "
            if reasons[0].startswith("generic_jump") else f"{reasons[0].rstrip('.')}. ")
     )
@@ -160,11 +169,10 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
             f"Dynamo compiled the code after it {plural(compiles, 'time')} ({plural(graphs, 'graph')} with ops; "
             f"{format_ns(compile_ns)} of compiling, counted in the cost: an estimate, as one graph would compile some "
             "of it too)." if compiles else "Dynamo compiled no graph after it.")
-    if syncs.syncs:
-        explanation += (
-            f" At that line the host waited for the chip {plural(syncs.syncs, 'time')} "
-            f"({', '.join(syncs.kinds)}), {format_ns(syncs.stall_ns)} in all ({context.share_text(share)})."
-        )
+    waited = "" if not syncs.syncs else (
+        f" At that line the host waited for the chip {plural(syncs.syncs, 'time')} "
+        f"({', '.join(syncs.kinds)}), {format_ns(syncs.stall_ns)} in all ({context.share_text(share)}).")
+    explanation += waited
     suggestion = SUGGESTION
     # A graph's CPU outputs at a break are an optimizer's step counts where one was compiled; else what the part
     # after the break reads, which the break's own advice covers.
@@ -182,14 +190,22 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
         suggestion += " " + kind_advice[0]
     hints = _HINT.findall(reasons[0])
     if location is not None and is_library_file(location.file):
-        suggestion = _library_break_advice(location.file, where)
+        suggestion = _library_break_advice(where, caller)
     elif disabled is not None and location is not None:
         suggestion = disabled_calls.advice(disabled, where, outcome.function if outcome else location.function)
     elif hints and not syncs.syncs:
         suggestion = (f"Dynamo says how: {'; '.join(hint.strip().rstrip('.') for hint in hints[:2])}. Otherwise move the call "
                       f"at {where} out of the compiled function; `torch._dynamo.explain(fn)(*args)` lists every break.")
+    step = optimizer_breaks.step_break_at(context, location, where, what, reasons[0], caller,
+                                          outcome is not None and outcome.eager)
+    if step is not None:
+        title = step.title + sync_part
+        explanation, suggestion = (step.explanation + waited.lstrip()).rstrip(), step.suggestion
     evidence = [context.evidence_at(f"{plural(times, 'break')}: {disabled_calls.without_addresses(reason)}",
                                     break_frame, table="graph_breaks") for break_frame, reason, times in breaks]
+    if caller is not None:
+        evidence.append(Evidence(f"reached from {caller.text}", file=caller.file,
+                                 line=caller.line, table="compiles"))
     evidence.append(context.evidence_at(
         f"{plural(graphs, 'resumed graph')} after the break, {plural(compiles, 'compile')}, {format_ns(compile_ns)}",
         frame_id, table="compiles"))
@@ -210,18 +226,31 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
     return finding, data
 
 
-def _library_break_advice(file: str, where: str) -> str:
+def _shown_at(where: str, location: SourceLocation | None, caller: break_sites.CallingLine | None,
+              reason: str) -> tuple[str, str]:
+    """Where the title says the break is, and the user's line that reached it where that is another file's: a
+    recorded break's calling line, or the user's line an import keeps a library's break at (its reason names the
+    library's place, `(in distributed.py:1757, _pre_forward)`)."""
+    if location is None:
+        return where, ""
+    if caller is not None:
+        return where, f" in {break_sites.user_function(location.function)}(), reached from {caller.text}"
+    in_library = break_sites.IN_LIBRARY.search(reason)
+    if in_library is None:
+        return where, ""
+    user_line = break_sites.CallingLine(location.file, location.line, location.function, True)
+    return (f"{in_library['file']}:{in_library['line']}",
+            f" in {break_sites.user_function(in_library['function'])}(), reached from {user_line.text}")
+
+
+def _library_break_advice(where: str, caller: break_sites.CallingLine | None) -> str:
     """The advice for a break inside a library's code: Dynamo's hint ("Remove the call") is for the library's
     authors, not the script's."""
-    if file.replace("\\", "/").endswith("torch/optim/optimizer.py"):
-        return (f"The break at {where} is torch.optim's own: it breaks the graph around every optimizer step on purpose, "
-                "so that the update compiles as a graph of its own (one AOT sees as free of autograd). The script cannot "
-                "remove it and need not: the code before the step, the step and the code after it compile as graphs "
-                "of their own, and the break costs only their separate launches.")
+    call = (f"the call at {caller.text}" if caller is not None else
+            "the script's call that reaches it (`torch._dynamo.explain(fn)(*args)` names it)")
     return (f"The break at {where} is in a library's code, not the script's: Dynamo's hint is for that library's "
-            "authors. The code before and after it compiles as graphs of their own; call that library outside the "
-            "compiled function if its work need not be compiled, and `torch._dynamo.explain(fn)(*args)` names the "
-            "script's call that reaches it.")
+            "authors. The code before and after it compiles as graphs of their own; where that library's work need "
+            f"not be compiled, move {call} out of the compiled function.")
 
 
 def _called_graphs(context: AnalysisContext, where: str, outcome: Outcome) -> list[str]:
@@ -241,15 +270,19 @@ def _called_graphs(context: AnalysisContext, where: str, outcome: Outcome) -> li
     return called
 
 
-def _runs_as(outcome: Outcome | None, resumed_graphs: int) -> str:
-    """What the function that broke runs as, for the title."""
+def _runs_as(outcome: Outcome | None, resumed_graphs: int, caller: break_sites.CallingLine | None) -> str:
+    """What the function that broke runs as, for the title; a function outside the file of the line that reached the
+    break is named with its file (`print() (rich/__init__.py)`)."""
     if outcome is None:
         return f"the compiled function runs as {plural(resumed_graphs + 1, 'graph')}"
+    function = f"{outcome.function}()"
+    if outcome.file and caller is not None and outcome.file != caller.file:
+        function += f" ({break_sites.file_name(outcome.file)})"
     if outcome.eager:
-        return f"Dynamo skipped {outcome.function}(), which runs eagerly (no graph)"
+        return f"Dynamo skipped {function}, which runs eagerly (no graph)"
     if outcome.graphs == 0:
-        return f"{outcome.function}() runs in Python (no graph with ops)"
-    return f"{outcome.function}() runs as {plural(outcome.graphs, 'graph')}"
+        return f"{function} runs in Python (no graph with ops)"
+    return f"{function} runs as {plural(outcome.graphs, 'graph')}"
 
 
 def _code_name(name: str | None, detail: dict[str, object]) -> str:
@@ -298,7 +331,8 @@ def _outcome(context: AnalysisContext, t_ns: int, frame_id: int) -> Outcome | No
                   if other_file == file_sid and _function_of(_code_name(other, other_detail)) == function
                   and (_graph_ops(other_ops, other_detail) or 0) > 0}
     failed = bool(detail.get("fail_type") or detail.get("failed"))
-    return Outcome(function, len(with_graph), eager=failed and not with_graph)
+    return Outcome(function, len(with_graph), eager=failed and not with_graph,
+                   file=None if file_sid is None else context.trace.string(file_sid))
 
 
 def _file_sid(context: AnalysisContext, file: str) -> int | None:
@@ -315,7 +349,7 @@ def _what_broke(reason: str) -> str:
         return "a Python branch on a tensor's value"
     parts = reason.split("`")
     # Without the library frame an import adds where the break is inside one (`… (in distributed.py:1757, f)`).
-    return parts[1] if len(parts) >= 3 and parts[1] else _IN_LIBRARY.sub("", reason.split(" - ")[0])[:60]
+    return parts[1] if len(parts) >= 3 and parts[1] else break_sites.IN_LIBRARY.sub("", reason.split(" - ")[0])[:60]
 
 
 def _syncs(context: AnalysisContext, file_sid: int, line: int) -> LineSyncs:

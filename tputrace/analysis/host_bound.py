@@ -5,8 +5,10 @@ dispatch includes each op's first call): dispatch time (the ops' recorded host t
 of the executions recorded in DeferAndFuse mode, see `AnalysisContext.busy_by_step`). Without executions (strict mode) the chip time is the
 target's roofline time of the programs run, from XLA's FLOPs and bytes (an estimate), and an op's dispatch is at
 most its op's median time (see `strict_times`: the rest of a call's recorded time is the chip running its program or
-waiting for earlier ones). The data also holds that roofline estimate for every trace, to show what the step's work
-would take on the target.
+waiting for earlier ones). A run that switched eager modes part-way has both kinds of step: its strict steps' chip
+time is the chip's work inside their ops' recorded times (`strict_times`), the first step in the mode entered left out
+as the warm-up is (its ops' times hold their first compiles), and a step with neither is left out. The data also holds
+that roofline estimate for every trace, to show what the step's work would take on the target.
 
 A step whose first program was launched while the chip still ran the previous steps' programs found the host ahead
 of the chip: it is no evidence of a host-bound step, and its busy time is not measured (the watcher sees a queue of
@@ -23,7 +25,7 @@ from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
 from tputrace.analysis.imported import context_import_facts
 from tputrace.analysis.op_facts import dispatch_by_step
-from tputrace.analysis.strict_times import strict_steps
+from tputrace.analysis.strict_times import first_compile_steps, strict_mode_steps
 from tputrace.derived.eager_modes import eager_mode_spans
 from tputrace.wording import format_ns
 
@@ -86,26 +88,35 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
     ))
     measured = bool(executed)
     behind = {step for step, late in trace.sql(_BEHIND_SQL, (context.rank,)) if late} if measured else set()
-    strict = strict_steps(context) if not measured else {}
-    if not measured:
+    strict = strict_mode_steps(context)
+    if strict:  # strict mode's steps: the programs of the ops run outside flushes
         o_where, o_params = context.steady_where("o")
         roofline = dict(trace.sql(
             "SELECT o.step, COALESCE(SUM(MAX(COALESCE(p.flops, 0) / ?, COALESCE(p.bytes_accessed, 0) / ?)), 0) * 1e9 "
             f"FROM ops o JOIN programs p ON p.id = o.program_id WHERE {o_where} AND o.flush_id IS NULL GROUP BY o.step",
             (peak, bandwidth) + tuple(o_params),
-        ))
+        )) | roofline
+    entered = first_compile_steps(context) & strict.keys() if measured else set()  # strict mode's first step, after a switch
     steps = []
     for step in context.steady_steps:
-        if step.step == context.warm_up_in_steady:
+        if step.step == context.warm_up_in_steady or step.step in entered:
             continue  # its dispatch includes each op's first call
         step_dispatch_ns, step_ops = dispatch.get(step.step, (0, 0))
         step_waited_ns = 0
         if step.step in strict:
             step_dispatch_ns, step_waited_ns = strict[step.step].dispatch_ns, strict[step.step].chip_ns
-        step_chip_ns = executed.get(step.step, 0) if measured else roofline.get(step.step, 0.0)
+        if not measured:
+            step_chip_ns = roofline.get(step.step, 0.0)
+        elif step.step in executed:
+            step_chip_ns = executed[step.step]
+        elif step.step in strict:  # a strict step of a run that switched modes: the chip's work in its ops' times
+            step_chip_ns = float(step_waited_ns)
+        else:
+            continue  # no chip time recorded for the step
         steps.append(HostStep(step.step, step.dur_ns, step_dispatch_ns, step_ops, step_chip_ns,
                               roofline.get(step.step, 0.0), step_waited_ns, step.step in behind))
-    chip_time = "measured executions" if measured else "target roofline estimate"
+    chip_time = ("measured executions" + (" and strict ops' recorded times" if strict else "") if measured
+                 else "target roofline estimate")
     behind_steps = sum(step.chip_behind for step in steps)
     all_steps, steps = tuple(steps), [step for step in steps if not step.chip_behind]
     if not steps:

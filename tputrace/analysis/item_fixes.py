@@ -47,6 +47,29 @@ TOKEN_READS = ("The line reads each token sampled (or picked) on the chip to the
                "to decode them.")
 
 
+# `float(loss)`, `int(count)`: a named chip value made a Python number
+_NUMBER_OF = re.compile(r"(?<![\w.])(?:float|int)\(\s*(?P<value>[A-Za-z_][\w.]*)\s*\)")
+
+
+def values_read(text: str) -> tuple[int, list[str]]:
+    """How many values the line's text reads (`.item()`, `float(x)`, `int(x)`), and the names of those read by name,
+    in the line's order (`print(loss.item(), acc.item())`: 2, [`loss`, `acc`])."""
+    named = sorted([*ITEM_READ.finditer(text), *_NUMBER_OF.finditer(text)], key=lambda match: match.start())
+    return text.count(".item()") + len(_NUMBER_OF.findall(text)), list(dict.fromkeys(match["value"] for match in named))
+
+
+def stacked_text(count: int, names: list[str]) -> str:
+    """`torch.stack([loss, acc])` for the values a line reads, with `...` for those it reads unnamed."""
+    return f"torch.stack([{', '.join(names + (['...'] if count > len(names) else []))}])"
+
+
+def item_spelling(text: str) -> str:
+    """How the line's text spells its `item` reads: `float(...)` (or `int(...)`, `bool(...)`) where it makes no
+    `.item()` call and turns a chip value into a number, else `.item()`."""
+    number = _NUMBER_CALL.search(text) or re.search(r"(?<![\w.])(?P<call>bool)\(", text)
+    return f"{number['call']}(...)" if number and ".item()" not in text else ".item()"
+
+
 def token_suggestion(text: str) -> str | None:
     """`TOKEN_READS` for a line whose text reads a token sampled or picked on the chip, else None."""
     return TOKEN_READS if _TOKEN_READ.search(text) else None

@@ -4,9 +4,10 @@ The MXU multiplies bfloat16; a float32 product takes six bfloat16 passes at PyTo
 precision ("highest"), three at `torch.set_float32_matmul_precision("high")` and one at "medium"
 (`chips.PRECISION_PASSES`). Per product, the analyzer compares the target's roofline time at the
 setting it ran at with the same product's compute at bfloat16 speed (bytes unchanged: autocast keeps
-float32 weights and casts on the fly), an estimate. Memory-bound products gain nothing and are left
-out, and so are products that already ran at "medium". For products at "highest" it also estimates
-the lighter change, "high".
+float32 weights and casts on the fly), an estimate, and takes that share of the product's chip time: measured on a
+TPU, the target's roofline time where the run's chips were XLA:CPU (`product_times`), whose own times say nothing of
+the MXU's passes. Memory-bound products gain nothing and are left out, and so are products that already ran at
+"medium". For products at "highest" it also estimates the lighter change, "high".
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import PROJECTED_FOR_TARGET, AnalysisResult, Finding
 from tputrace.analysis.matmuls import MatmulGroup, chip_time, matmul_groups
+from tputrace.analysis.product_times import group_chip_ns, on_cpu_chips, projected_step_share
 from tputrace.analysis.shapes import Matmul
 from tputrace.wording import format_ns, plural
 
@@ -64,6 +66,7 @@ class PrecisionData:
     products: tuple[Fp32Product, ...] = ()  # those that would save the most
     saving_estimate_ns: float = 0.0  # computing in bfloat16 ("medium")
     high_saving_estimate_ns: float = 0.0  # at "high", for products that ran at "highest"
+    chip_time: str = "measured"  # or "target roofline estimate": the products' chip time the savings are shares of
 
 
 def analyze(context: AnalysisContext) -> AnalysisResult[PrecisionData]:
@@ -73,12 +76,13 @@ def analyze(context: AnalysisContext) -> AnalysisResult[PrecisionData]:
     if not groups:
         return AnalysisResult(NAME, PrecisionData(flop_share))
     times = chip_time(context)
+    projected = on_cpu_chips(context)
     by_module: dict[tuple[str | None, int | None], list[tuple[MatmulGroup, float, float]]] = defaultdict(list)
     rows: list[Fp32Product] = []
     high_cost = 0.0
     for group in groups:
         fraction = _weighted([saving_fraction(product, context, group.precision) for product in group.products], group.products)
-        chip_ns = times.attributed_ns(context, group)
+        chip_ns = group_chip_ns(context, times, group)
         high_fraction = 0.0
         if group.precision == "highest":
             high_fraction = _weighted([saving_fraction(product, context, to="high") for product in group.products], group.products)
@@ -92,8 +96,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult[PrecisionData]:
     products = tuple(sorted(rows, key=lambda row: -row.saving_estimate * row.chip_ns)[:100])
     entries = [entry for entries in by_module.values() for entry in entries]
     cost = sum(saving for _, saving, _ in entries)
-    share = context.share_of_step(cost)
-    data = PrecisionData(flop_share, products, cost, high_cost)
+    step_share = projected_step_share(context, cost) if projected else None
+    share = context.share_of_step(cost) if step_share is None else step_share
+    data = PrecisionData(flop_share, products, cost, high_cost, "target roofline estimate" if projected or not times.measured else "measured")
     if not entries or share < MIN_REPORTED_SHARE:
         return AnalysisResult(NAME, data)
     # Point at the forward call (it has a module) that would save the most.
@@ -111,6 +116,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[PrecisionData]:
         for group, saving, chip in sorted(entries, key=lambda entry: -entry[1])[:5]
     )
     where = context.where(frame_id)
+    chip_step = f"'s projected chip time on {context.target.label}"
     at_highest = any(group.precision == "highest" for group, _, _ in entries)
     finding = Finding(
         analyzer=NAME,
@@ -123,9 +129,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult[PrecisionData]:
             f"{len(entries)} compute-bound matmul shapes ({', '.join(modules[:4]) or 'no module'}) run in float32"
             f"{_precision_counts(entries)}. {context.target.label}'s MXU multiplies bfloat16, so each float32 product "
             f"takes several passes (peak float32 at \"highest\" is estimated at {context.target.peak_fp32_flops / 1e12:.0f} "
-            f"TFLOP/s against {context.target.peak_bf16_flops / 1e12:.0f} in bfloat16). They account for "
-            f"{format_ns(chip_ns)} of chip time, of which bfloat16 compute would save about {format_ns(cost)} "
-            f"({share:.0%} of a step; estimate)."
+            f"TFLOP/s against {context.target.peak_bf16_flops / 1e12:.0f} in bfloat16). "
+            f"{_chip_time_text(context, chip_ns, projected)}, of which bfloat16 compute would save about "
+            f"{format_ns(cost)} ({share:.0%} of a step{'' if step_share is None else chip_step}; estimate)."
         ),
         suggestion=_suggestion(at_highest, high_cost),
         cost_total_ns=cost,
@@ -136,6 +142,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult[PrecisionData]:
         **context.location_fields(frame_id),
     )
     return AnalysisResult(NAME, data, (finding,))
+
+
+def _chip_time_text(context: AnalysisContext, chip_ns: float, projected: bool) -> str:
+    """What the products' chip time is: measured, or on XLA:CPU chips the target's roofline time."""
+    if projected:
+        return (f"On {context.target.label} they would take about {format_ns(chip_ns)} of chip time (roofline estimate "
+                "from their FLOPs and bytes: this run's chips were XLA:CPU, whose times say nothing of the MXU)")
+    return f"They account for {format_ns(chip_ns)} of chip time"
 
 
 def _precision_counts(entries: list[tuple[MatmulGroup, float, float]]) -> str:

@@ -2,7 +2,7 @@
 
 Compiles are grouped by call site (the call that triggered them: its line and, where recorded, its
 column, so two calls of one op on one line are two sites), kind and program name; a group
-whose signatures have the same inputs and dtypes but different dims, and that keeps compiling after
+whose signatures have the same inputs and dtypes but different dims, and that keeps recompiling after
 the warm-up step, is a storm (see `storms`). For each storm: which dims vary and the values they took,
 and a bucket advisor that weighs compiles saved against padding FLOPs added (see `buckets`).
 
@@ -58,13 +58,22 @@ from tputrace.analysis.storm_findings import (
     padding_finding,
     shared_size_finding,
 )
-from tputrace.analysis.storms import NAME, CompileRow, Storm, compile_rows, compiles_in_later_half, not_evicted, storm_at
+from tputrace.analysis.storms import (
+    NAME,
+    RECOMPILED,
+    CompileRow,
+    Storm,
+    compile_rows,
+    compiles_in_later_half,
+    not_evicted,
+    storm_at,
+)
 from tputrace.analysis.structure_changes import StructureStorm
 
 __all__ = ["NAME", "RecompileData", "analyze"]
 
 MIN_COMPILES = 3  # compiles of one site before it counts as a storm
-MIN_STEADY_COMPILES = 2  # ... of which at least this many after the warm-up step
+MIN_STEADY_COMPILES = 2  # ... of which at least this many recompiles after the warm-up step (not first compiles)
 MAX_LISTED_SITES = 50
 
 
@@ -78,7 +87,7 @@ class CompileSite:
     compiles: int
     compile_ns: int
     signatures: int  # distinct input signatures
-    steady_compiles: int  # compiles after the warm-up step
+    steady_compiles: int  # recompiles after the warm-up step (every recompile in a run without steps)
 
 
 @dataclass(frozen=True)
@@ -185,7 +194,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
     evicted = program_cache.evicted_diff_ids(context)  # no shape changed: see the program_cache analyzer
     sites = trace.sql(
         "SELECT kind, name_sid, frame_id, COUNT(*), COALESCE(SUM(dur_ns), 0), COUNT(DISTINCT signature_sid), "
-        f"COALESCE(SUM(step >= ?), 0) FROM compiles WHERE rank = ? AND {not_evicted(evicted)} "
+        f"COALESCE(SUM(step >= ? AND {RECOMPILED}), 0) FROM compiles WHERE rank = ? AND {not_evicted(evicted)} "
         "GROUP BY kind, name_sid, frame_id ORDER BY 5 DESC",
         (first_steady if first_steady is not None else -1, rank, *evicted),
     )
@@ -203,8 +212,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
                                      steady_compiles))
         if count < MIN_COMPILES or signatures < MIN_COMPILES:
             continue
-        if first_steady is not None and steady_compiles < MIN_STEADY_COMPILES:
-            continue
+        if steady_compiles < MIN_STEADY_COMPILES:
+            continue  # first compiles only (each a new structure), or recompiles in the warm-up step
         rows = _main_layout(compile_rows(context, kind, name_sid, frame_id, evicted))
         if last_batch and first_steady is not None and \
                 steady_compiles - sum(row.compile_id in last_batch for row in rows) < MIN_STEADY_COMPILES:

@@ -4,7 +4,8 @@ The shape storms need input signatures that differ; a JAX function recompiled ev
 argument marked `static_argnums`/`static_argnames` (a step counter, a float learning rate), or jitted anew on every
 call, keeps its signature. What changed is read from the programs' HLO (the import's `hlo_structure`,
 `hlo_constants` and `constants` in each compile's detail): the same instructions with other constants (a Python value
-traced in as a constant: a static argument, or a number the function closes over), other instructions (a Python
+traced in as a constant: a static argument, or a number the function closes over), another placement of its arrays
+(another sharding or other devices, `placement_changes`), other instructions (a Python
 value that chose what was traced: a branch, a loop's count), or the very same program (a new function object jitted
 on each call: `jax.jit` of a lambda or a `functools.partial` made in the loop). A capture without the HLO says only
 that the shapes did not change. One finding per function and signature compiled at least `MIN_COMPILES` times, two of
@@ -20,6 +21,7 @@ from typing import Literal
 from tputrace.analysis.context import AnalysisContext, detail_object, in_list
 from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding
 from tputrace.analysis.imported import context_import_facts
+from tputrace.analysis.placement_changes import placement_changes, placement_suggestion, placement_text, placement_what
 from tputrace.analysis.storm_findings import StormCompiles, compile_cost_text, loop_steps_compiling, storm_severity
 from tputrace.analysis.storms import NAME
 from tputrace.wording import plural
@@ -28,7 +30,7 @@ MIN_COMPILES = 3
 MIN_STEADY_COMPILES = 2
 MAX_LISTED_VALUES = 8
 
-Change = Literal["constants", "shapes", "ops", "same", "unknown"]
+Change = Literal["placement", "constants", "shapes", "ops", "same", "unknown"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,9 @@ def _change(rows: list[_Row]) -> tuple[Change, tuple[tuple[str, ...], ...]]:
     """What differs between the programs of one signature, and the constants that took other values."""
     if any("hlo_structure" not in row.detail for row in rows):
         return "unknown", ()
+    placement = placement_changes([row.detail for row in rows])
+    if placement:
+        return "placement", placement
     if len({str(row.detail["hlo_structure"]) for row in rows}) > 1:
         return ("shapes" if len({str(row.detail.get("hlo_opcodes")) for row in rows}) == 1 else "ops"), ()
     if len({str(row.detail.get("hlo_constants")) for row in rows}) == 1:
@@ -113,6 +118,7 @@ def _finding(context: AnalysisContext, storm: StaticRecompile, compiles: StormCo
     jax = storm.function.startswith(("jit_", "pmap_"))
     function = storm.function.removeprefix("jit_").removeprefix("pmap_") if jax else storm.function
     cause = {
+        "placement": "its arrays' placement changed (" + placement_text(storm.changing_values) + ")",
         "constants": "a constant in its program changed" + _values_text(storm.changing_values),
         "shapes": "the shapes inside its program changed",
         "ops": "its traced operations changed",
@@ -122,6 +128,7 @@ def _finding(context: AnalysisContext, storm: StaticRecompile, compiles: StormCo
     title = (f"Recompilation storm: {storm.function} compiled {storm.compiles} times with the same input shapes "
              f"({storm.signature}): {cause}")
     what = {
+        "placement": placement_what(storm.function),
         "constants": (f"Each program of {storm.function} has the same instructions but other constants: a Python value "
                       "was traced into it as a constant, and each new value compiles a new program. "
                       + ("In JAX that is an argument marked `static_argnums`/`static_argnames` whose value changes "
@@ -150,7 +157,9 @@ def _finding(context: AnalysisContext, storm: StaticRecompile, compiles: StormCo
     explanation = f"{what}. {compile_cost_text(context, compiles)}."
     evidence = [Evidence(f"{storm.function} at {storm.where}: {plural(storm.compiles, 'compile')} of the signature "
                          f"{storm.signature}", table="compiles", record_ids=tuple(compiles.compile_ids[:20]))]
-    if storm.changing_values:
+    if storm.changing_values and storm.change == "placement":
+        evidence += [Evidence(f"{values[0]} took {_listed(values[1:])}") for values in storm.changing_values[:3]]
+    elif storm.changing_values:
         evidence += [Evidence(f"a constant of the program took {_listed(values)}") for values in storm.changing_values[:3]]
     return Finding(
         analyzer=NAME,
@@ -167,6 +176,8 @@ def _finding(context: AnalysisContext, storm: StaticRecompile, compiles: StormCo
 
 
 def _suggestion(change: Change, function: str, jax: bool) -> str:
+    if change == "placement":
+        return placement_suggestion(function)
     if not jax:
         return ("Pass the changing value as a tensor (on the device) rather than a Python number, so that it is an "
                 "input of the program, not a constant in it; keep Python values only for what takes a few values.")

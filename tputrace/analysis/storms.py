@@ -21,6 +21,11 @@ NAME = "recompiles"
 # A recompile's diff names the first op that consumes the changed input, e.g.
 # "op 0 aten.embedding.default (train.py:29): arg 1 dim 1: 64 -> 72".
 _DIFF_ENTRY = re.compile(r"op \d+ (?P<op>\S+) \((?P<file>[^()]+?):(?P<line>\d+)\): (?P<arg>arg \d+ dim \d+)")
+# A compile that may recompile something: all but a structure's first compile. Strict mode compiles each op's program
+# once per structure at each line, so the ops of a mode the script enters part-way (strict evaluation after training
+# in DeferAndFuse) first compile in the steady steps, several signatures at one line (one per `nn.Linear` of a
+# `model(x)` call): first compiles, not a storm. A compile without a recorded reason counts as a possible recompile.
+RECOMPILED = "reason IS NOT 'first'"
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from tputrace.analysis.backward_reads import backward_selections, backward_text,
 from tputrace.analysis.call_sites import line_text
 from tputrace.analysis.data_sizes import data_dependent_fix
 from tputrace.analysis.read_decisions import decision_after, decision_fix
-from tputrace.analysis.evaluation_reads import evaluation_modules, evaluation_suggestion
+from tputrace.analysis.evaluation_reads import evaluation_modules, evaluation_suggestion, periodic_suggestion
 from tputrace.analysis.library_set_up import made_by_library_set_up
 from tputrace.analysis.line_reads import ENVIRONMENT_READ, INNER_STOPPING_READ, NON_FINITE_SKIP_READ, NON_FINITE_STOP_READ, SKIP_READ, STOPPING_READ, line_read
 from tputrace.analysis.optimizer_cycle import optimizer_cycle
@@ -87,10 +87,6 @@ def host_outputs_advice(context: AnalysisContext) -> str:
     return SUGGESTIONS["host_outputs"] if optimizer else HOST_OUTPUTS_OF_NUMBERS
 
 
-# Reads the line already makes every few steps (an evaluation or a log under `if step % N == 0`).
-PERIODIC = ("The line already reads every {every} steps, and each read still waits for the chip to finish the work "
-            "queued before it: read less often (every {less_often} steps) or after the loop; for a logged loss, add "
-            "`loss.detach()` into a tensor on the chip each step and read the sum when you log.")
 _PERIODIC_KINDS = frozenset({"item", "print", "tolist", "numpy", "cpu"})
 # A capture's waits for its own device (a GPU's `cudaStreamSynchronize`, `cudaDeviceSynchronize`, a blocking copy).
 DEVICE_SYNCHRONIZE = ("The host waited for the {device} to finish the work queued on it (`torch.cuda.synchronize()`, "
@@ -385,7 +381,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         suggestion = host_outputs_advice(context)
     text = line_text(context.location(frame_id), context.trace) or ""
     single = reads_once(count, kind)
-    elements = element_reads_fix(context, frame_id, text, count) if kind in VALUE_READS else None
+    elements = element_reads_fix(context, frame_id, count) if kind in VALUE_READS else None
     decision = decision_after(context, frame_id) if kind in ("item", "tolist") and not single else None
     if single:
         suggestion = once_suggestion(kind)
@@ -416,11 +412,11 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
             break
     if evaluated and every is not None:
         kept = kind in _COPIES_OUT and bool(APPENDS.search(text))
-        suggestion = evaluation_suggestion(where, every, evaluated, kept=kept, forward_read_at=forward_read_at)
+        suggestion = evaluation_suggestion(where, every, evaluated, kept=kept, forward_read_at=forward_read_at, text=text)
         severity = "info" if every[0] == 1 else severity  # one wait per evaluation is what the decision needs
     elif (every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and not per_iteration and not single
           and elements is None):
-        suggestion = PERIODIC.format(every=every[1], less_often=4 * every[1])
+        suggestion = periodic_suggestion(every, text)
     if read_with and not single and elements is None and not suggestion.startswith(("Keep the values on the chip", "Keep the value on the chip: append",
                                                          "Keep the running total on the chip")):
         suggestion += together_text(context, (frame_id, kind, library_frame_id), read_with_keys)

@@ -7,9 +7,13 @@ program was compiled again (a new function object jitted on each call)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field as dataclass_field
+
+from tputrace.importers.hlo_collectives import CollectiveSize, collective_sizes
+from tputrace.importers.hlo_placement import ProgramPlacement, program_placement
 
 Fields = Callable[[bytes], Iterator[tuple[int, int | bytes]]]
 
@@ -31,6 +35,8 @@ class ProgramBody:
     opcodes: str  # digest of the instructions' opcodes alone: the same where only the shapes inside changed
     constants: str  # digest of the constants' literals
     scalars: tuple[str, ...]  # the scalar constants' values, in order (at most MAX_CONSTANTS)
+    placement: ProgramPlacement = dataclass_field(default_factory=ProgramPlacement)  # its parameters' shardings and devices
+    collectives: dict[str, CollectiveSize] = dataclass_field(default_factory=dict)  # per collective, its message size
 
 
 def program_body(module: bytes, fields: Fields) -> ProgramBody:
@@ -62,7 +68,8 @@ def program_body(module: bytes, fields: Fields) -> ProgramBody:
                 scalar = _scalar(literal, fields)
                 if scalar is not None and len(scalars) < MAX_CONSTANTS:
                     scalars.append(scalar)
-    return ProgramBody(structure.hexdigest(), opcodes.hexdigest(), constants.hexdigest(), tuple(scalars))
+    return ProgramBody(structure.hexdigest(), opcodes.hexdigest(), constants.hexdigest(), tuple(scalars),
+                       program_placement(module, fields), collective_sizes(module, fields))
 
 
 def _scalar(literal: bytes, fields: Fields) -> str | None:
@@ -92,3 +99,13 @@ def _varint(data: bytes) -> int | None:
         if not byte & 0x80:
             return value if index == len(data) - 1 else None
     return None
+
+
+def compile_detail(body: ProgramBody) -> str:
+    """A compile's `detail` (JSON) of its program's body: the digests, the scalar constants and, for a program placed
+    on several devices or partitioned, its devices and parameters' shardings."""
+    placement = body.placement
+    return json.dumps({"hlo_structure": body.structure, "hlo_opcodes": body.opcodes, "hlo_constants": body.constants,
+                       "constants": list(body.scalars),
+                       **({"devices": list(placement.devices)} if placement.devices else {}),
+                       **({"shardings": list(placement.shardings)} if placement.shardings else {})})

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tputrace.importers.hlo_body import ProgramBody, program_body
+from tputrace.importers.hlo_placement import global_signature
 from tputrace.importers.hlo_shapes import program_signature
 from tputrace.xplane_proto import decode_varint
 
@@ -61,7 +62,8 @@ def read_hlo(plane: Any, first: dict[str, dict[str, InstructionSource]], version
     """The instructions' sources of each program's HLO proto in the `/host:metadata` plane: in `first` those of the
     first proto of each module name, in `versions` those of every proto of it (a name compiled again, as `jit_f` for
     new shapes, or a library's `jit_broadcast_in_dim` called from several lines, has a proto each); in `signatures`,
-    by (module name, XLA's id of the module), its parameters' shapes (`hlo_shapes`); in `bodies`, so keyed, what it
+    by (module name, XLA's id of the module), its parameters' shapes (`hlo_shapes`; a partitioned program's as the
+    arrays it was called with, `hlo_placement`); in `bodies`, so keyed, what it
     computes (`hlo_body`); in `user_frames`, what every stack frame of the user's files names (`UserFileFrames`)."""
     names = {key: meta.name for key, meta in plane.stat_metadata.items()}
     for key, metadata in sorted(plane.event_metadata.items()):
@@ -76,9 +78,9 @@ def read_hlo(plane: Any, first: dict[str, dict[str, InstructionSource]], version
                     continue  # written again by a later profiling session of the process
                 versions.setdefault(module, []).append((version, sources))
                 signature = _parsed(module_bytes, lambda data: program_signature(data, _fields), None)
-                if signatures is not None and signature is not None:
-                    signatures[(module, version)] = signature
                 body = _parsed(module_bytes, lambda data: program_body(data, _fields), None) if module_bytes else None
+                if signatures is not None and signature is not None:
+                    signatures[(module, version)] = global_signature(signature, body.placement) if body else signature
                 if bodies is not None and body is not None:
                     bodies[(module, version)] = body
                 if user_frames is not None:

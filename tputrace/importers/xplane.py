@@ -10,7 +10,6 @@ markers (host events with a `step_num` stat, or a device `Steps` line) become `s
 
 from __future__ import annotations
 
-import json
 import dataclasses
 import re
 from collections.abc import Iterator
@@ -21,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from tputrace.importers.hlo_body import ProgramBody
+from tputrace.importers.chip_collectives import ChipCollectives
+from tputrace.importers.hlo_body import ProgramBody, compile_detail
 from tputrace.importers.hlo_metadata import HloVersions, InstructionSource, UserFileFrames, read_hlo
-from tputrace.importers.hlo_shapes import signature_diff
+from tputrace.importers.hlo_placement import recompile_diff
 from tputrace.importers.hlo_text import movement_shapes, operand_name
 from tputrace.importers.sink import ImportSink, StepClock
 from tputrace.importers.step_markers import ProgramRuns, StepMarkers, place_markers
@@ -73,6 +73,7 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         self.rank = sink.new_rank(XPLANE, str(paths[0]), host=capture_host(paths[0]), **facts)
         self.programs: dict[str, Program] = {}
         self.runs = RunSpans()
+        self.chip_calls = ChipCollectives()
         self.steps = StepClock()
         self.step_starts, self.step_labels = np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)  # as arrays
         self.start_unix_ns = 0
@@ -372,20 +373,18 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         say) is a recompile, unless it has no name at all."""
         compiles.keep_calls((call_line, columns) for call_line in compiles.call_lines
                             for columns in self._columns(call_line.space, call_line.line))
-        latest: dict[tuple[str, Any], str] = {}  # (label, frame) -> the signature it last compiled for
+        latest: dict[tuple[str, Any], tuple[str | None, Any]] = {}  # (label, frame) -> its last signature, placement
         for start, end, name, label, frame, again, version in compiles.named_compiles(
                 self.hlo_versions, self.hlo_user_frames):
             program = self._program(self._version_name(name, version)) if name else None
             start_ns = start - self.start_unix_ns
             reason = "recompile" if again and label != UNNAMED else "first"
             signature = self.hlo_signatures.get((name, version)) if name and version is not None else None
-            before = latest.get((label, frame))
-            diff = signature_diff(before, signature) if reason == "recompile" and before and signature else None
-            if signature:
-                latest[(label, frame)] = signature
             body = self.hlo_bodies.get((name, version)) if name and version is not None else None
-            detail = json.dumps({"hlo_structure": body.structure, "hlo_opcodes": body.opcodes, "hlo_constants": body.constants,
-                                 "constants": list(body.scalars)}) if body is not None else None
+            placement, before = body.placement if body else None, latest.get((label, frame))
+            diff = recompile_diff(before, signature, placement) if reason == "recompile" else None
+            latest[(label, frame)] = (signature or (before and before[0]), placement or (before and before[1]))
+            detail = compile_detail(body) if body is not None else None
             self.sink.append("compiles", (self.writer.next_id("compiles"), self.rank,
                                           program.program_id if program else None, "xla", self.writer.intern(label),
                                           signature and self.writer.intern(signature), -1, start_ns, end - start,
@@ -574,6 +573,7 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         return frame_id
 
     def _finish_programs(self) -> None:
+        self.sink.extend("collectives", self.chip_calls.rows(self._collective_hlo))
         for program in self.programs.values():
             name_sid = self.writer.intern(program.name)
             structure = re.sub(r"\(\d+\)$", "", program.name)

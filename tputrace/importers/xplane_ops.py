@@ -5,12 +5,16 @@ make the rows' tuples."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
 
 import numpy as np
 
+from tputrace.importers.chip_collectives import ChipCollectives, CollectiveHlo
+from tputrace.importers.hlo_body import ProgramBody
+from tputrace.importers.hlo_metadata import HloVersions
 from tputrace.importers.xla_ops import COLLECTIVE_CATEGORIES, LineNesting
 from tputrace.importers.xplane_runs import RunSpans
 
@@ -126,6 +130,23 @@ class OpRows:
     rank: int
     runs: RunSpans
     seq: int
+    chip_calls: ChipCollectives  # the collectives' rows, until each chip's wait is known
+    programs: dict[str, Program]
+    hlo_versions: HloVersions
+    hlo_bodies: dict[tuple[str, int], ProgramBody]
+
+    def _collective_hlo(self, program_id: int | None, op_name: str) -> CollectiveHlo:
+        """The device groups and the message size the HLO of a program (by id) gives its collective op `op_name`; each
+        None where unknown."""
+        name = next((program.name for program in self.programs.values() if program.program_id == program_id), None)
+        match = re.fullmatch(r"(.*)\((\d+)\)", name or "")
+        module = match.group(1) if match else name or ""
+        versions = self.hlo_versions.get(module, ())
+        version = int(match.group(2)) if match else versions[0][0] if len(versions) == 1 else None
+        body = self.hlo_bodies.get((module, version)) if version is not None else None
+        if body is None:
+            return None, None
+        return body.placement.groups.get(op_name), body.collectives.get(op_name)
 
     def _steps_of_runs(self, starts: np.ndarray, run_ids: np.ndarray, has_run: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -154,13 +175,13 @@ class OpRows:
             steps, per_event(program_ids, meta_of_event), repeat(None))), starts, starts + durations))
         collective_ops = np.array([meta.category in COLLECTIVE_CATEGORIES for meta in metas])
         if collective_ops.any():
-            collectives = []
+            run_ids, has_run = events.run_ids.tolist(), events.has_run.tolist()
             for index in np.flatnonzero(collective_ops[meta_of_event]).tolist():
                 meta = metas[meta_of_event[index]]
-                collectives.append((self.rank, COLLECTIVE_CATEGORIES[str(meta.category)], int(meta.bytes_accessed) or None,
-                                    None, None, None, meta.frame_id, starts_ns[index], durations_ns[index], None, None,
-                                    None, steps[index], None))
-            self.sink.extend("collectives", collectives)
+                key = (program_ids[meta_of_event[index]], meta.name, int(run_ids[index]) if has_run[index] else None)
+                self.chip_calls.add(key, chips[index], (
+                    self.rank, COLLECTIVE_CATEGORIES[str(meta.category)], int(meta.bytes_accessed) or None, None, None,
+                    None, meta.frame_id, starts_ns[index], durations_ns[index], None, None, None, steps[index], None))
         self._program_ops(events)
 
     def _program_ops(self, events: OpEvents) -> None:
