@@ -373,7 +373,9 @@ def test_pipeline_stages_waiting_for_each_other_are_no_one_rank_s_extra_work(tmp
     share = [finding for finding in report.findings if finding.title.startswith("Collectives take")]
     assert len(share) == 1, titles
     suggestion = share[0].suggestion or ""
-    assert suggestion.count("Send fewer, larger messages") == 1 and f"{script.name}:{line}" in suggestion, suggestion
+    # which of rank 0's two lines holds more of the time (and so is named first, or alone) is the host's scheduling
+    assert suggestion.count("Send fewer, larger messages") == 1, suggestion
+    assert f"{script.name}:{line}" in suggestion or f"{script.name}:{line + 2}" in suggestion, suggestion
 
 
 def test_a_batch_split_like_the_weight_s_rows_is_told_which_placements_pair(tmp_path: Path) -> None:
