@@ -110,8 +110,14 @@ def forward_fix(context: AnalysisContext, kind: str, frame_id: int | None) -> st
         mirror = f" (its backward issues the matching calls at {', '.join(lines)})"
     what = (f"The {kind} calls at {at} run inside the backward pass as the mirror of the forward pass's collectives"
             if in_backward else f"The {kind} at {at} runs in the model's forward pass{mirror}")
+    if kind == "all_to_all":
+        # an exchange of activations between ranks that hold different parts of the model (experts, heads, sequence)
+        return (f"{what}: it exchanges activations between the ranks that hold different parts of the model (expert or "
+                "sequence parallelism), not gradients, so gradient bucketing and `no_sync` do not apply to it. Overlap it "
+                "with compute that does not need its result (issue it asynchronously and wait just before the use), and "
+                "exchange fewer, larger messages (one exchange per layer).")
     return (f"{what}: they move activations between the ranks that split the layers (tensor parallelism), not gradients, so "
-            "DDP buckets and `no_sync` do not touch them. Communicate once per block: a column-parallel layer (weights split "
+            "gradient bucketing and `no_sync` do not apply to them. Communicate once per block: a column-parallel layer (weights split "
             "by output features) feeding a row-parallel one needs a single all-reduce after the pair (`ColwiseParallel` then "
             "`RowwiseParallel` in `parallelize_module`); sequence parallelism (`SequenceParallel`) turns it into a "
             "reduce-scatter and an all-gather, with the elementwise work between them on shards. Overlap what remains with "
