@@ -33,15 +33,24 @@ WITH_STEPS = (" To wait less still, keep the tensor on the chip and read it ever
               "can queue the next step while the chip works.")
 
 
-def element_reads_fix(context: AnalysisContext, frame_id: int | None, count: int) -> str | None:
-    """What to change for a line that read the elements of a tensor (or the tensors of a list or dict) one at a time,
-    `count` reads in the run: read them once. None where the source shows no such reads, or the line read once."""
-    location = context.location(frame_id) if count >= 2 else None
+def _line_element_reads(context: AnalysisContext, frame_id: int | None) -> ElementLoop | None:
+    """The element reads the run's copy of the line's source shows, where the trace agrees the line (or its loop) read
+    elements only; else None."""
+    location = context.location(frame_id)
     copy = context.trace.source_copy(location.file) if location is not None else None
     reads = element_loop(copy, location.line) if copy is not None and location is not None else None
     if reads is None or location is None:
         return None
     if reads.loop_line is not None and not _elements_only(context, frame_id, location.line, reads):
+        return None
+    return reads
+
+
+def element_reads_fix(context: AnalysisContext, frame_id: int | None, count: int) -> str | None:
+    """What to change for a line that read the elements of a tensor (or the tensors of a list or dict) one at a time,
+    `count` reads in the run: read them once. None where the source shows no such reads, or the line read once."""
+    reads = _line_element_reads(context, frame_id) if count >= 2 else None
+    if reads is None:
         return None
     container = reads.container
     if container == "sequence" and _iterated_a_tensor(context, frame_id, reads.header_lines):
@@ -53,12 +62,8 @@ def element_reads_fix(context: AnalysisContext, frame_id: int | None, count: int
 
 def element_read_text(context: AnalysisContext, frame_id: int | None) -> str | None:
     """`float(...)` of each element of `rows`: what the line reads one element at a time, where it does, else None."""
-    location = context.location(frame_id)
-    copy = context.trace.source_copy(location.file) if location is not None else None
-    reads = element_loop(copy, location.line) if copy is not None and location is not None else None
-    if reads is None or location is None:
-        return None
-    if reads.loop_line is not None and not _elements_only(context, frame_id, location.line, reads):
+    reads = _line_element_reads(context, frame_id)
+    if reads is None:
         return None
     return f"`{reads.read}` of each element of `{reads.source}`, one at a time"
 
