@@ -7,12 +7,9 @@ results and context buffers, so it is not sized here."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from tputrace.importers.hlo_shapes import DTYPES, packed_varints
-
-Fields = Callable[[bytes], Iterator[tuple[int, int | bytes]]]
+from tputrace.importers.hlo_shapes import DTYPES, Fields, packed_varints
 
 _MODULE_COMPUTATIONS = 3  # HloModuleProto
 _COMPUTATION_INSTRUCTIONS = 2  # HloComputationProto

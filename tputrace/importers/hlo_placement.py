@@ -8,15 +8,13 @@ share: `global_signature` gives the arrays' shapes the function was called with.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from tputrace.importers.hlo_shapes import signature_diff
+from tputrace.importers.hlo_shapes import Fields, signature_diff
 from tputrace.xplane_proto import decode_varint
 
-Fields = Callable[[bytes], Iterator[tuple[int, int | bytes]]]
 
 _MODULE_COMPUTATIONS, _OUTPUT_SHARDING, _PARAMETER_SHARDINGS, _DEVICE_ASSIGNMENT = 3, 12, 14, 15  # HloModuleProto
 _COMPUTATION_INSTRUCTIONS = 2  # HloComputationProto
