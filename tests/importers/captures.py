@@ -588,6 +588,11 @@ def jax_capture(folder: Path) -> Path:
     return _capture(folder, "jax_step.py", JAX_STEP, "logdir")
 
 
+def four_device_env() -> dict[str, str]:
+    """The environment of a capture script that runs JAX on 4 virtual XLA:CPU devices."""
+    return {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+
+
 def jax_compile_capture(folder: Path) -> Path:
     """A `jax.profiler.trace` log dir in which `step` is compiled twice (two input shapes)."""
     return _capture(folder, "jax_compile.py", JAX_COMPILE, "compile_logdir")
@@ -595,20 +600,17 @@ def jax_compile_capture(folder: Path) -> Path:
 
 def jax_collectives_capture(folder: Path) -> Path:
     """A `jax.profiler.trace` log dir of `JAX_COLLECTIVES` on 4 virtual devices."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-    return _capture(folder, "jax_collectives.py", JAX_COLLECTIVES, "collectives_logdir", env=env)
+    return _capture(folder, "jax_collectives.py", JAX_COLLECTIVES, "collectives_logdir", env=four_device_env())
 
 
 def jax_ppermute_capture(folder: Path) -> Path:
     """A `jax.profiler.trace` log dir of `JAX_PPERMUTE_RING` on 4 virtual devices."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-    return _capture(folder, "jax_ring.py", JAX_PPERMUTE_RING, "ring_logdir", env=env)
+    return _capture(folder, "jax_ring.py", JAX_PPERMUTE_RING, "ring_logdir", env=four_device_env())
 
 
 def jax_sharded_capture(folder: Path) -> Path:
     """A `jax.profiler.trace` log dir of `JAX_SHARDED` on 4 virtual devices."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-    return _capture(folder, "jax_sharded.py", JAX_SHARDED, "sharded_logdir", env=env)
+    return _capture(folder, "jax_sharded.py", JAX_SHARDED, "sharded_logdir", env=four_device_env())
 
 
 def jax_loops_capture(folder: Path) -> Path:

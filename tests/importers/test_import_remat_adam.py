@@ -6,7 +6,6 @@ whose gradients a `shard_map` averages over 4 virtual devices, its steps marked 
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 from collections import Counter
 from pathlib import Path
@@ -106,10 +105,9 @@ def test_rematerialized_layers(tmp_path: Path) -> None:
 
 
 def test_adam_over_a_shard_map(tmp_path: Path) -> None:
-    from captures import _capture
+    from captures import _capture, four_device_env
 
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-    logdir = _capture(tmp_path, "adam.py", ADAM_SHARD_MAP, "logdir", env=env)
+    logdir = _capture(tmp_path, "adam.py", ADAM_SHARD_MAP, "logdir", env=four_device_env())
     output = tmp_path / "adam.tptrace"
     assert main(["import", str(logdir), "-o", str(output)]) == 0
     with tputrace.open(output) as trace:

@@ -5,7 +5,6 @@ for the capture's other chips."""
 from __future__ import annotations
 
 import asyncio
-import os
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import pytest
 
 import tputrace
-from captures import _capture
+from captures import _capture, four_device_env
 from fixtures.make_tui_fixture import make_session, settle
 from tputrace.analysis import analyze_path
 from tputrace.analysis.collectives import CollectivesData
@@ -51,8 +50,7 @@ COLLECTIVES = textwrap.dedent("""
 def collectives_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("jax", reason="making a capture needs jax (pip install -e .[backend])")
     folder = tmp_path_factory.mktemp("collective_sizes")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-    capture = _capture(folder, "collectives.py", COLLECTIVES, "logdir", env=env)
+    capture = _capture(folder, "collectives.py", COLLECTIVES, "logdir", env=four_device_env())
     output = folder / "collectives.tptrace"
     assert main(["import", str(capture), "-o", str(output)]) == 0
     return output

@@ -4,13 +4,12 @@ each device ran carry each device's wait for the others of its replica group."""
 
 from __future__ import annotations
 
-import os
 import textwrap
 from collections import defaultdict
 from pathlib import Path
 
 import tputrace
-from captures import _capture
+from captures import _capture, four_device_env
 from tputrace.analysis import analyze_path
 from tputrace.cli.main import main
 
@@ -61,11 +60,8 @@ GROUP_PSUM = textwrap.dedent("""
                 x = f(x).block_until_ready()
 """)
 
-_FOUR_DEVICES = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-
-
 def test_recompiles_for_another_sharding_or_device_are_named_for_the_placement(tmp_path: Path) -> None:
-    capture = _capture(tmp_path, "placements.py", PLACEMENTS, "logdir", env=_FOUR_DEVICES)
+    capture = _capture(tmp_path, "placements.py", PLACEMENTS, "logdir", env=four_device_env())
     output = tmp_path / "placements.tptrace"
     assert main(["import", str(capture), "-o", str(output)]) == 0
     with tputrace.open(output) as trace:
@@ -93,7 +89,7 @@ def test_recompiles_for_another_sharding_or_device_are_named_for_the_placement(t
 
 
 def test_each_devices_collective_waits_for_the_last_of_its_replica_group(tmp_path: Path) -> None:
-    capture = _capture(tmp_path, "group_psum.py", GROUP_PSUM, "logdir", env=_FOUR_DEVICES)
+    capture = _capture(tmp_path, "group_psum.py", GROUP_PSUM, "logdir", env=four_device_env())
     output = tmp_path / "group_psum.tptrace"
     assert main(["import", str(capture), "-o", str(output)]) == 0
     with tputrace.open(output) as trace:
