@@ -18,6 +18,7 @@ from tputrace.analysis.imported import context_import_facts
 from tputrace.analysis.rank_extra_ops import (extra_compiles, extra_ops, own_compiles_finding, own_ops_finding,
                                               wait_in_steps)
 from tputrace.analysis.straggler_finding import LateRank, straggler_finding
+from tputrace.store.aggregates import merged_ns
 from tputrace.store.records import SourceLocation
 from tputrace.wording import format_ns, plural
 
@@ -93,7 +94,7 @@ def _unrecorded_by_rank(trace: Trace, ranks: list[int], *, unmarked: bool = Fals
             if trace.has_table(table):
                 intervals.extend((start, start + (dur or 0)) for start, dur in trace.sql(
                     f"SELECT start_ns, dur_ns FROM {table} WHERE rank = ? AND start_ns BETWEEN ? AND ?", (rank, first, last)))
-        covered = union_length(sorted(intervals))
+        covered = merged_ns(sorted(intervals))
         unrecorded[rank] = max(sum(end - start for start, end in steps) - covered, 0)
     return unrecorded
 
@@ -291,17 +292,4 @@ def _in_flight_by_rank(trace: Trace) -> list[tuple[int, int, int]]:
                                             "ORDER BY rank, start_ns"):
         waits.setdefault(rank, []).append((start, start + wait))
         spans.setdefault(rank, []).append((start, start + dur))
-    return [(rank, union_length(waits[rank]), union_length(spans[rank])) for rank in sorted(spans)]
-
-
-def union_length(intervals: list[tuple[int, int]]) -> int:
-    """The time covered by at least one interval (sorted by start)."""
-    total, end_so_far = 0, None
-    for start, end in intervals:
-        if end_so_far is None or start > end_so_far:
-            total += end - start
-            end_so_far = end
-        elif end > end_so_far:
-            total += end - end_so_far
-            end_so_far = end
-    return total
+    return [(rank, merged_ns(waits[rank]), merged_ns(spans[rank])) for rank in sorted(spans)]

@@ -23,11 +23,12 @@ from tputrace.analysis.collective_joins import joined_early
 from tputrace.analysis.collective_order import OutOfStep, out_of_step
 from tputrace.analysis.collective_shares import device_step_time_ns, step_share
 from tputrace.analysis.collective_waits import unwaited_findings
-from tputrace.analysis.collective_stragglers import RankWait, Straggler, has_causes, stragglers, union_length
+from tputrace.analysis.collective_stragglers import RankWait, Straggler, has_causes, stragglers
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.analysis.imported import context_import_facts
 from tputrace.derived.imported_sources import imported_source
+from tputrace.store.aggregates import merged_ns
 from tputrace.wording import format_bytes, format_ns, plural
 
 if TYPE_CHECKING:
@@ -111,17 +112,17 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     steady_where, steady_params = steady_where + cut[0], tuple(steady_params) + cut[1]
     # Calls in flight together (DDP's buckets, a prefetch) and a call's wait for the last rank are counted
     # once: the share is the union of the calls' intervals, which never exceeds the steps' time.
-    total_ns = union_length(_intervals(trace, where, params))
+    total_ns = merged_ns(_intervals(trace, where, params))
     # With asynchronous dispatch a step's device work (its collectives among it) runs after the host's step has ended:
     # the share is of what the device did in the step, not of the host's shorter step.
     device_steps_ns = device_step_time_ns(context, steady_where, steady_params)
-    share = min(step_share(context, union_length(_intervals(trace, steady_where, steady_params)), device_steps_ns), 1.0)
+    share = min(step_share(context, merged_ns(_intervals(trace, steady_where, steady_params)), device_steps_ns), 1.0)
     caused = has_causes(trace)
     finding_share = share
     if caused:
         # the sharding analyzer names the cause and the line of the caused calls; this finding counts the rest
-        total_ns = union_length(_intervals(trace, f"{where} AND cause_id IS NULL", params))
-        finding_share = min(step_share(context, union_length(_intervals(
+        total_ns = merged_ns(_intervals(trace, f"{where} AND cause_id IS NULL", params))
+        finding_share = min(step_share(context, merged_ns(_intervals(
             trace, f"{steady_where} AND cause_id IS NULL", steady_params)), device_steps_ns), 1.0)
     # of the calls the finding counts (with causes recorded, a DDP bucket's line is the sharding finding's), in the steady
     # steps as its share and fix are: a set-up call that waited for the other ranks to start is in the first step only
@@ -138,7 +139,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     # the calls the findings count: with causes recorded, those without one (a DDP bucket's are the sharding findings')
     counted = _kind_rows(trace, f"{where} AND cause_id IS NULL", params, world) if caused else rows
     if chips == 1:  # each kind's time with a call in flight, as the lines' (asynchronous calls overlap)
-        counted = [replace(row, dur_ns=union_length(_intervals(trace, f"{where}{uncaused} AND kind = ?", (*params, row.kind))))
+        counted = [replace(row, dur_ns=merged_ns(_intervals(trace, f"{where}{uncaused} AND kind = ?", (*params, row.kind))))
                    for row in counted]
     kind_evidence = _kind_evidence(counted)
     line_evidence = _line_evidence(context, steady_where, steady_params, caused, chips)
@@ -185,7 +186,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
         small_per_step = steady_small / context.steady_count
     if small_per_step >= MANY_SMALL_PER_STEP:
         small_where = f"{where} AND bytes < ?" + (" AND cause_id IS NULL" if caused else "")
-        small_ns = union_length(_intervals(trace, small_where, tuple(params) + (SMALL_MESSAGE_BYTES,)))
+        small_ns = merged_ns(_intervals(trace, small_where, tuple(params) + (SMALL_MESSAGE_BYTES,)))
         # at the line that sends the most of them, as the fix names it
         most = trace.sql(f"SELECT frame_id FROM collectives WHERE {small_where} GROUP BY frame_id ORDER BY COUNT(*) DESC, "
                          "SUM(dur_ns) DESC LIMIT 1", tuple(params) + (SMALL_MESSAGE_BYTES,))
@@ -248,7 +249,7 @@ def _line_evidence(context: AnalysisContext, where: str, params: Sequence[int], 
     rows = context.trace.sql(f"SELECT kind, frame_id, COUNT(*), SUM(bytes), COALESCE(SUM(dur_ns), 0) FROM collectives WHERE {where} "
                              "GROUP BY kind, frame_id ORDER BY 5 DESC LIMIT ?", tuple(params) + (limit,))
     if chips == 1:
-        rows = [(kind, frame_id, calls, nbytes, union_length(_intervals(context.trace, f"{where} AND kind = ? AND frame_id IS ?",
+        rows = [(kind, frame_id, calls, nbytes, merged_ns(_intervals(context.trace, f"{where} AND kind = ? AND frame_id IS ?",
                                                                          (*params, kind, frame_id))))
                 for kind, frame_id, calls, nbytes, _ in rows]
     per = " a step" if context.steps else ""
