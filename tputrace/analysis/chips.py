@@ -36,6 +36,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from tputrace.dtypes import DTYPE_BYTES
 from tputrace.store.errors import TputraceError
 
 TERA = 1e12
@@ -107,13 +108,6 @@ class Chip:
             "estimated": list(self.estimated),
         }
 
-
-DTYPE_BYTES: dict[str, int] = {
-    "f64": 8, "c128": 16, "c64": 8, "i64": 8,
-    "f32": 4, "i32": 4,
-    "bf16": 2, "f16": 2, "i16": 2,
-    "i8": 1, "u8": 1, "bool": 1,
-}
 
 _ARCH_PAGE = 'Google Cloud TPU documentation, "System architecture" (MXU of 128 x 128 multiply-accumulators)'
 _PAGE_FIGURES = ("peak_bf16_flops", "hbm_bytes", "hbm_bandwidth", "ici_bandwidth", "tensorcores")

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from tputrace.analysis.chips import DTYPE_BYTES
+from tputrace.dtypes import DTYPE_BYTES
 from tputrace.analysis.collective_fixes import share_fix, small_fix
 from tputrace.analysis.collective_joins import joined_early
 from tputrace.analysis.collective_order import OutOfStep, out_of_step

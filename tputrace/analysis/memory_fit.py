@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from tputrace.analysis.chips import Chip, round_up
 from tputrace.analysis.memory_peak import PeakBreakdown
 from tputrace.derived.memory_timeline import BufferLifetime
+from tputrace.dtypes import NUMPY_NAMES, element_bytes
 from tputrace.wording import format_bytes
 
 LANE = 128
-ITEM_BYTES = {"float64": 8, "int64": 8, "uint64": 8, "complex64": 8, "complex128": 16, "float32": 4, "int32": 4, "uint32": 4,
-              "bfloat16": 2, "float16": 2, "int16": 2, "uint16": 2, "int8": 1, "uint8": 1, "bool": 1}
 BATCH_SCALED = frozenset({"activation", "temporary", "program_temporary"})
 SHARDED = frozenset({"parameter", "gradient", "optimizer_state"})
 DIVISORS = (2, 4, 8, 16, 32, 64)
@@ -57,7 +56,7 @@ class MemoryFit:
 
 def padded_bytes(shape: tuple[int, ...], dtype: str | None, target: Chip) -> int:
     """Bytes of an array of `shape` and `dtype` laid out in the target's native tiles."""
-    item = ITEM_BYTES.get(dtype or "", 4)
+    item = element_bytes(NUMPY_NAMES.get(dtype or "")) or 4
     sublane, lane = _tile(item, target)
     if not shape:
         return sublane * lane * item if item else 0

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tputrace.dtypes import hlo_bits
 from tputrace.importers.hlo_text import MOVEMENT_OPCODES, opcode_of
 
 if TYPE_CHECKING:
@@ -29,8 +30,6 @@ _HOST_FEEDS = {"infeed": HOST_TO_DEVICE, "outfeed": DEVICE_TO_HOST}
 _ARRAY = re.compile(r"\b([a-z]+\d*[a-z0-9]*)\[([\d,]*)\](\{[^{}]*(?:\([^()]*\)[^{}]*)*\})?")
 _SPACE = re.compile(r"S\((\d+)\)")
 _OPERAND_NAME = re.compile(r"%([\w.-]+)\s*$")
-_BITS = {"pred": 8, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "f16": 16, "bf16": 16, "s32": 32,
-         "u32": 32, "f32": 32, "s64": 64, "u64": 64, "f64": 64, "c64": 64, "c128": 128}
 
 
 @dataclass(frozen=True)
@@ -135,7 +134,7 @@ def _shape(array: tuple[str, str, str]) -> str:
 
 
 def _bytes(array: tuple[str, str, str]) -> int | None:
-    bits = _BITS.get(array[0])
+    bits = hlo_bits(array[0])
     if bits is None and array[0].startswith("f8"):
         bits = 8
     if bits is None:

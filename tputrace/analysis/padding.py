@@ -14,12 +14,13 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
-from tputrace.analysis.chips import DTYPE_BYTES, Chip, round_up
+from tputrace.analysis.chips import Chip, round_up
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.analysis.input_features import InputFeatures, copied_feature_sizes
 from tputrace.analysis.matmuls import MatmulGroup, chip_time, matmul_groups
 from tputrace.analysis.shapes import Matmul, parse_specs
+from tputrace.dtypes import DTYPE_BYTES
 from tputrace.wording import format_ns, plural
 
 NAME = "padding"

@@ -6,7 +6,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from tputrace.analysis.chips import DTYPE_BYTES
+from tputrace.dtypes import DTYPE_BYTES
 
 _TENSOR = re.compile(r"([a-z]+[0-9]*)\[([0-9,\s]*)\]")
 

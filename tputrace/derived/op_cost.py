@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from tputrace.dtypes import DTYPE_BYTES
+
 TIME_ESTIMATE_NOTE = "estimate: the program's measured time split by a roofline estimate of each op on the target chip"
 
 
@@ -45,10 +47,6 @@ class TargetChip:
 
 # -- op cost from shapes ----------------------------------------------------------------------------
 
-_DTYPE_BYTES = {
-    "f64": 8, "f32": 4, "tf32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u64": 8,
-    "u32": 4, "u16": 2, "u8": 1, "b8": 1, "bool": 1, "c64": 8, "c128": 16, "c32": 4,
-}
 _TENSOR = re.compile(r"([a-z][a-z0-9]*)\[([0-9, ]*)\](?:\s*x(\d+))?")
 MATMUL_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addbmm", "dot", "mv", "addmv", "einsum"})
 ATTENTION_MARK = "scaled_dot_product"
@@ -67,7 +65,7 @@ class Tensor:
 
     @property
     def nbytes(self) -> int:
-        return self.elements * _DTYPE_BYTES.get(self.dtype, 4) * self.count
+        return self.elements * DTYPE_BYTES.get(self.dtype, 4) * self.count
 
 
 @functools.lru_cache(maxsize=65536)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tputrace.importers.hlo_shapes import DTYPES, Fields, packed_varints
+from tputrace.dtypes import PRIMITIVE_TYPES, element_bytes
+from tputrace.importers.hlo_shapes import Fields, packed_varints
 
 _MODULE_COMPUTATIONS = 3  # HloModuleProto
 _COMPUTATION_INSTRUCTIONS = 2  # HloComputationProto
@@ -17,9 +18,6 @@ _NAME, _OPCODE, _SHAPE, _ID, _OPERAND_IDS = 1, 2, 3, 35, 36  # HloInstructionPro
 _ELEMENT_TYPE, _DIMENSIONS, _TUPLE_SHAPES = 2, 3, 4  # ShapeProto
 # Synchronous collective opcodes: their operands and result are the data they move.
 SIZED_OPCODES = frozenset((b"all-reduce", b"all-gather", b"reduce-scatter", b"all-to-all", b"collective-permute"))
-# xla_data.proto's PrimitiveType -> bytes per element (types of whole bytes only).
-_ELEMENT_BYTES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 2, 8: 4, 9: 8, 10: 2, 11: 4, 12: 8, 15: 8, 16: 2, 18: 16,
-                  19: 1, 20: 1, 23: 1, 24: 1, 25: 1, 28: 1, 29: 1, 31: 1}
 
 
 @dataclass(frozen=True)
@@ -68,11 +66,12 @@ def collective_sizes(module: bytes, fields: Fields) -> dict[str, CollectiveSize]
 
 def _size(read: list[tuple[int, int]], written: list[tuple[int, int]]) -> CollectiveSize | None:
     arrays = read + written
-    if not written or any(element not in _ELEMENT_BYTES for element, _ in arrays):
+    sizes = {element: element_bytes(PRIMITIVE_TYPES.get(element)) for element, _ in arrays}
+    if not written or None in sizes.values():
         return None
-    nbytes = max(sum(_ELEMENT_BYTES[element] * count for element, count in side) for side in (read, written))
+    nbytes = max(sum((sizes[element] or 0) * count for element, count in side) for side in (read, written))
     types = {element for element, _ in arrays}
-    return CollectiveSize(nbytes, DTYPES.get(types.pop()) if len(types) == 1 else None)
+    return CollectiveSize(nbytes, PRIMITIVE_TYPES.get(types.pop()) if len(types) == 1 else None)
 
 
 def _arrays(shape: bytes, fields: Fields) -> list[tuple[int, int]]:

@@ -7,14 +7,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 
+from tputrace.dtypes import PRIMITIVE_TYPES
 from tputrace.xplane_proto import decode_varint
 
 _HOST_PROGRAM_SHAPE = 4  # HloModuleProto
 _PARAMETERS = 1  # ProgramShapeProto
 _ELEMENT_TYPE, _DIMENSIONS = 2, 3  # ShapeProto
-# xla_data.proto's PrimitiveType -> the trace's short dtype names; others (tuples, tokens, 8-bit floats) by their own.
-DTYPES = {1: "bool", 2: "i8", 3: "i16", 4: "i32", 5: "i64", 6: "u8", 7: "u16", 8: "u32", 9: "u64", 10: "f16",
-           11: "f32", 12: "f64", 13: "tuple", 14: "opaque", 15: "c64", 16: "bf16", 17: "token", 18: "c128"}
 
 Fields = Callable[[bytes], Iterator[tuple[int, int | bytes]]]
 
@@ -38,7 +36,7 @@ def _shape_text(shape: bytes, fields: Fields) -> str:
             element_type = value
         elif number == _DIMENSIONS:
             dims += [value] if isinstance(value, int) else packed_varints(value)
-    dtype = DTYPES.get(element_type, f"type{element_type}")
+    dtype = PRIMITIVE_TYPES.get(element_type, f"type{element_type}")
     if dtype in ("tuple", "token", "opaque"):
         return dtype
     return f"{dtype}[{','.join(str(size) for size in dims)}]"

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tputrace.dtypes import PROFILER_NAMES, SCALAR_TYPES, element_bytes
 from tputrace.importers.json_events import read_header
 
 # Category -> the category the importer reads it as: older Kineto's capitalised names, and other devices' names.
@@ -29,12 +30,6 @@ _COLLECTIVE_KINDS = {
     "scatter": "reduce_scatter", "broadcast": "broadcast", "alltoall": "all_to_all", "send": "send", "recv": "recv",
     "recvanysource": "recv", "barrier": "barrier",
 }
-# Bytes per element of torch.profiler's `Input type` names.
-_DTYPE_BYTES = {
-    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "int": 4, "long int": 8, "short int": 2,
-    "signed char": 1, "unsigned char": 1, "bool": 1, "c10::complex<float>": 8, "c10::complex<double>": 16,
-    "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
-}
 
 # Runtime calls that block the host until the device has done the work before them (CUDA runtime and driver, HIP, MTIA).
 SYNC_CALLS = frozenset((
@@ -51,12 +46,6 @@ SYNC_OP_KINDS = {
     "aten::_unique2": "data_dependent", "aten::repeat_interleave": "data_dependent",
 }
 
-# Bytes per element of `record_param_comms`'s `dtype` (c10's ScalarType names).
-_COMMS_DTYPE_BYTES = {
-    "Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1, "Byte": 1,
-    "Bool": 1, "ComplexFloat": 8, "ComplexDouble": 16, "ComplexHalf": 4, "Float8_e4m3fn": 1, "Float8_e5m2": 1,
-    "Float8_e4m3fnuz": 1, "Float8_e5m2fnuz": 1, "UInt16": 2, "UInt32": 4, "UInt64": 8,
-}
 # The first pass's test for NCCL kernels that carry their collective in their args (Kineto 2023 on).
 COLLECTIVE_KERNEL_TEXT = re.compile(r'"cat"\s*:\s*"kernel"[^}]*"Collective name"')
 # ... and `record_param_comms` ops that do.
@@ -70,7 +59,7 @@ def comms_facts(args: dict[str, Any]) -> tuple[str, int | None, str | None, str 
     output, a reduce-scatter's input) times the dtype's size."""
     name = str(args.get(COLLECTIVE_ARG) or "")
     dtype = args.get("dtype")
-    size = _COMMS_DTYPE_BYTES.get(str(dtype))
+    size = element_bytes(SCALAR_TYPES.get(str(dtype)))
     counts = [value for value in (args.get("In msg nelems"), args.get("Out msg nelems")) if isinstance(value, int)]
     nbytes = max(counts) * size if size and counts else None
     group = args.get("Process Group Description") or args.get("Process Group Name")
@@ -283,7 +272,7 @@ def input_bytes(args: dict[str, Any]) -> tuple[int | None, str | None]:
     dtype = None
     if isinstance(types, list) and isinstance(dims, list):
         for kind, shape in zip(types, dims):
-            size = _DTYPE_BYTES.get(str(kind))
+            size = element_bytes(PROFILER_NAMES.get(str(kind)))
             if size and isinstance(shape, list) and all(isinstance(value, int) for value in shape):
                 nbytes = (nbytes or 0) + size * math.prod(shape)
                 dtype = dtype or str(kind)
