@@ -25,6 +25,7 @@ from tputrace.analysis.findings import MEASURED_ON_HOST, Finding
 from tputrace.analysis.imported import context_import_facts, jax_capture
 from tputrace.analysis.set_up_work import LOCATION
 from tputrace.analysis.storms import NAME
+from tputrace.store.aggregates import merged_ns
 from tputrace.wording import format_ns, plural
 
 MIN_WALL_SHARE = 0.05  # of the run's wall: a large share, not one a long run would not notice
@@ -91,7 +92,8 @@ def findings(context: AnalysisContext, explained: set[int], not_evicted: str,
         if step != loop[1] and not again:
             continue
         dim, before, after = _size_change(step_rows)
-        compile_ns = _union_ns(step_rows)
+        # The compiles' time, an instant they overlap once (a graph's XLA compile inside Dynamo's).
+        compile_ns = merged_ns(sorted((row.start_ns, row.start_ns + row.dur_ns) for row in step_rows))
         if (not (dim == 0 and 0 < after < before) or compile_ns < median
                 or context.share_of_wall(compile_ns) < MIN_WALL_SHARE):
             continue
@@ -155,19 +157,6 @@ def _guard_storms(context: AnalysisContext) -> set[tuple[int | None, str]]:
         "SELECT c.frame_id, n.text, COUNT(*) FROM compiles c LEFT JOIN strings n ON n.id = c.name_sid "
         "WHERE c.rank = ? AND c.kind = 'dynamo_frame' AND c.reason = 'recompile' AND c.signature_sid IS NULL "
         "GROUP BY c.frame_id, c.name_sid", (context.rank,)) if count >= guard_recompiles.MIN_RECOMPILES}
-
-
-def _union_ns(rows: list[_Row]) -> int:
-    """The time the compiles took, an instant they overlap once (a graph's XLA compile inside Dynamo's)."""
-    total, reached = 0, None
-    for start, end in sorted((row.start_ns, row.start_ns + row.dur_ns) for row in rows):
-        if reached is None or start >= reached:
-            total += end - start
-            reached = end
-        elif end > reached:
-            total += end - reached
-            reached = end
-    return total
 
 
 def _size_change(rows: list[_Row]) -> tuple[int, int, int]:

@@ -36,8 +36,9 @@ from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.analysis.library_set_up import one_off_collective
 from tputrace.analysis.sharding_common import (
-    NAME, Collected, TimeByCause, evidence, ici_estimate_ns, location, per_step, in_steady_steps, union,
+    NAME, Collected, TimeByCause, evidence, ici_estimate_ns, location, per_step, in_steady_steps,
 )
+from tputrace.store.aggregates import merged_intervals, merged_ns
 from tputrace.store.records import CollectiveCauseRecord, ParameterPlacementRecord, SourceLocation
 from tputrace.store.sharding import CausedCollective, ShardingRecords, read_sharding
 from tputrace.wording import format_bytes, format_ns, plural
@@ -222,7 +223,7 @@ def _small_buckets(context: AnalysisContext, out: Collected, records: ShardingRe
     by_step: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for call in bucket_calls:
         by_step[call.step].append((call.start_ns, call.start_ns + call.dur_ns))
-    bucket_ns = statistics.median(sum(end - start for start, end in union(spans)) for spans in by_step.values()) / passes if by_step else 0.0
+    bucket_ns = statistics.median(merged_ns(sorted(spans)) for spans in by_step.values()) / passes if by_step else 0.0
     out.data["ddp_buckets_per_step"] = per_step_calls
     if per_step_calls <= SMALL_BUCKETS_PER_STEP or cap >= DEFAULT_BUCKET_BYTES:
         return 0.0
@@ -339,10 +340,10 @@ def _exposed(context: AnalysisContext, out: Collected, records: ShardingRecords,
     # A capture with no program runs (a CPU process group's profile) cannot tell what the collectives overlapped.
     if not steady or not context.steps or not context.trace.count("executions"):
         return
-    intervals = union([(c.start_ns, c.start_ns + c.dur_ns) for c in steady])
+    intervals = merged_intervals((c.start_ns, c.start_ns + c.dur_ns) for c in steady)
     where, params = context.steady_where()
-    busy = union([(start, start + dur) for start, dur in context.trace.sql(
-        f"SELECT start_ns, dur_ns FROM executions WHERE {where} AND dur_ns IS NOT NULL", params)])
+    busy = merged_intervals((start, start + dur) for start, dur in context.trace.sql(
+        f"SELECT start_ns, dur_ns FROM executions WHERE {where} AND dur_ns IS NOT NULL", params))
     communication = sum(end - start for start, end in intervals)
     overlapped = _overlap(intervals, busy)
     exposed = communication - overlapped

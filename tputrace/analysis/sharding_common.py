@@ -52,16 +52,3 @@ def location(origin: SourceLocation | None) -> LocationFields:
 def evidence(text: str, origin: SourceLocation | None, module: str | None = None) -> Evidence:
     return Evidence(text, file=origin.file if origin else None, line=origin.line if origin else None, module=module,
                     table="collective_causes")
-
-
-
-def union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The union of intervals, as sorted disjoint intervals."""
-    merged: list[tuple[int, int]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
-

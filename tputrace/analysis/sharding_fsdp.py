@@ -15,7 +15,8 @@ from collections import defaultdict
 
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import Finding
-from tputrace.analysis.sharding_common import NAME, Collected, evidence, in_steady_steps, location, per_step, union
+from tputrace.analysis.sharding_common import NAME, Collected, evidence, in_steady_steps, location, per_step
+from tputrace.store.aggregates import merged_ns
 from tputrace.store.sharding import ShardingRecords
 from tputrace.wording import format_bytes, format_ns, plural
 
@@ -51,7 +52,7 @@ def leaf_groups(context: AnalysisContext, out: Collected, records: ShardingRecor
     by_step: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for call in calls:
         by_step[call.step].append((call.start_ns, call.start_ns + call.dur_ns))
-    leaf_ns = statistics.median(sum(end - start for start, end in union(spans)) for spans in by_step.values())
+    leaf_ns = statistics.median(merged_ns(sorted(spans)) for spans in by_step.values())
     calls_per_step = len(calls) / steps
     kept = calls_per_step * len(parents) / len(leaves)  # one group per block instead of one per layer
     saved_per_step = leaf_ns * (calls_per_step - kept) / calls_per_step

@@ -7,7 +7,7 @@ optional `rank` (None: all ranks together). `Trace` exposes each of them as a me
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import groupby
 from typing import Any, Literal, Protocol
@@ -306,18 +306,29 @@ def execution_busy_ns(trace: TraceQueries, *, rank: int | None = None, by: Compi
     return {(row_rank, group_key): int(busy_ns) for row_rank, group_key, busy_ns in rows}
 
 
-def merged_ns(intervals: Iterable[tuple[int, int]]) -> int:
-    """The length of the union of (start_ns, end_ns) intervals sorted by start: each instant counts once."""
-    total_ns = 0
+def merged_spans(intervals: Iterable[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+    """The union of (start_ns, end_ns) intervals sorted by start, as disjoint intervals in order; read as it goes, so
+    a query's rows need not be held at once."""
     span: tuple[int, int] | None = None  # the current run of overlapping intervals
     for start_ns, end_ns in intervals:
         if span is not None and start_ns <= span[1]:
             span = (span[0], max(span[1], end_ns))
             continue
         if span is not None:
-            total_ns += span[1] - span[0]
+            yield span
         span = (start_ns, end_ns)
-    return total_ns + (span[1] - span[0] if span is not None else 0)
+    if span is not None:
+        yield span
+
+
+def merged_intervals(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The union of (start_ns, end_ns) intervals in any order, as sorted disjoint intervals."""
+    return list(merged_spans(sorted(intervals)))
+
+
+def merged_ns(intervals: Iterable[tuple[int, int]]) -> int:
+    """The length of the union of (start_ns, end_ns) intervals sorted by start: each instant counts once."""
+    return sum(end_ns - start_ns for start_ns, end_ns in merged_spans(intervals))
 
 
 CompileGrouping = Literal["rank", "step"]
