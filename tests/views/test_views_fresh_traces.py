@@ -20,7 +20,7 @@ import pytest
 
 import tputrace
 from fixtures.make_tui_fixture import make_session, settle
-from importers.captures import JAX_COLLECTIVES
+from importers.captures import jax_collectives_capture
 from test_tui import screen_text, table_rows
 from test_views_on_varied_runs import imported_jax_trace
 from tputrace.derived.imported_sources import imported_device, measured_on
@@ -98,11 +98,7 @@ def collectives_import(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An XProf capture of a psum and an all_gather on 4 virtual CPU devices, imported."""
     pytest.importorskip("jax", reason="making a capture needs jax (pip install -e .[backend])")
     folder = tmp_path_factory.mktemp("collectives_capture")
-    script = folder / "collectives.py"
-    script.write_text(JAX_COLLECTIVES)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-    _python(script, str(folder / "logdir"), env=env)
-    return _import(folder / "logdir", folder / "collectives.tptrace")
+    return _import(jax_collectives_capture(folder), folder / "collectives.tptrace")
 
 
 @pytest.fixture(scope="module")
