@@ -9,17 +9,14 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field as dataclass_field
 
 from tputrace.importers.hlo_collectives import CollectiveSize, collective_sizes
 from tputrace.importers.hlo_placement import ProgramPlacement, program_placement
-
-Fields = Callable[[bytes], Iterator[tuple[int, int | bytes]]]
+from tputrace.importers.hlo_shapes import Fields, instructions
 
 _MODULE_COMPUTATIONS = 3  # HloModuleProto
 _MODULE_ALIASES = frozenset((8, 18))  # HloModuleProto's input_output_alias and buffer_donor (donated arguments)
-_COMPUTATION_INSTRUCTIONS = 2  # HloComputationProto
 _OPCODE, _SHAPE, _LITERAL, _SHARDING = 2, 3, 8, 40  # HloInstructionProto
 _LITERAL_SHAPE = 1  # LiteralProto
 _DIMENSIONS = 3  # ShapeProto
@@ -48,9 +45,7 @@ def program_body(module: bytes, fields: Fields) -> ProgramBody:
             structure.update(computation + b"\3")
         if number != _MODULE_COMPUTATIONS or not isinstance(computation, bytes):
             continue
-        for field, instruction in fields(computation):
-            if field != _COMPUTATION_INSTRUCTIONS or not isinstance(instruction, bytes):
-                continue
+        for instruction in instructions(computation, fields):
             opcode, shape, literal, sharding = b"", b"", b"", b""
             for part, value in fields(instruction):
                 if part == _OPCODE and isinstance(value, bytes):

@@ -10,10 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tputrace.dtypes import PRIMITIVE_TYPES, element_bytes
-from tputrace.importers.hlo_shapes import Fields, packed_varints
+from tputrace.importers.hlo_shapes import Fields, computations, varints
 
-_MODULE_COMPUTATIONS = 3  # HloModuleProto
-_COMPUTATION_INSTRUCTIONS = 2  # HloComputationProto
 _NAME, _OPCODE, _SHAPE, _ID, _OPERAND_IDS = 1, 2, 3, 35, 36  # HloInstructionProto
 _ELEMENT_TYPE, _DIMENSIONS, _TUPLE_SHAPES = 2, 3, 4  # ShapeProto
 # Synchronous collective opcodes: their operands and result are the data they move.
@@ -32,14 +30,10 @@ def collective_sizes(module: bytes, fields: Fields) -> dict[str, CollectiveSize]
     """Per synchronous collective instruction (by name) of a serialized `HloModuleProto`, its message size; an
     instruction whose shapes hold an element type of no whole byte size is left out."""
     sizes: dict[str, CollectiveSize] = {}
-    for number, computation in fields(module):
-        if number != _MODULE_COMPUTATIONS or not isinstance(computation, bytes):
-            continue
+    for instructions in computations(module, fields):
         shapes: dict[int, list[tuple[int, int]]] = {}  # instruction id -> its arrays' (element type, element count)
         collectives: list[tuple[str, list[tuple[int, int]], list[int]]] = []
-        for field, instruction in fields(computation):
-            if field != _COMPUTATION_INSTRUCTIONS or not isinstance(instruction, bytes):
-                continue
+        for instruction in instructions:
             name, opcode, arrays, ident, operands = "", b"", [], None, []
             for part, value in fields(instruction):
                 if part == _NAME and isinstance(value, bytes):
@@ -51,7 +45,7 @@ def collective_sizes(module: bytes, fields: Fields) -> dict[str, CollectiveSize]
                 elif part == _ID and isinstance(value, int):
                     ident = value
                 elif part == _OPERAND_IDS:
-                    operands += [value] if isinstance(value, int) else packed_varints(value)
+                    operands += varints(value)
             if ident is not None:
                 shapes[ident] = arrays
             if opcode in SIZED_OPCODES and name:
@@ -81,7 +75,7 @@ def _arrays(shape: bytes, fields: Fields) -> list[tuple[int, int]]:
         if number == _ELEMENT_TYPE and isinstance(value, int):
             element_type = value
         elif number == _DIMENSIONS:
-            for size in [value] if isinstance(value, int) else packed_varints(value):
+            for size in varints(value):
                 count *= size
         elif number == _TUPLE_SHAPES and isinstance(value, bytes):
             tuple_shapes += _arrays(value, fields)

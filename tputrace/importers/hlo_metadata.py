@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from tputrace.importers.hlo_body import ProgramBody, program_body
 from tputrace.importers.hlo_placement import global_signature
-from tputrace.importers.hlo_shapes import program_signature
+from tputrace.importers.hlo_shapes import instructions, program_signature
 from tputrace.xplane_proto import decode_varint
 
 _T = TypeVar("_T")
@@ -26,7 +26,6 @@ _T = TypeVar("_T")
 # Field numbers (xla/service/hlo.proto, xla/xla_data.proto).
 _HLO_MODULE = 1  # HloProto.hlo_module
 _MODULE_NAME, _MODULE_COMPUTATIONS, _MODULE_FRAMES = 1, 3, 17  # HloModuleProto
-_COMPUTATION_INSTRUCTIONS = 2  # HloComputationProto
 _INSTRUCTION_NAME, _INSTRUCTION_METADATA = 1, 7  # HloInstructionProto
 _OP_NAME, _SOURCE_FILE, _SOURCE_LINE, _STACK_FRAME = 2, 3, 4, 15  # OpMetadata
 _FILE_NAMES, _FUNCTION_NAMES, _FILE_LOCATIONS, _STACK_FRAMES = 1, 2, 3, 4  # StackFrameIndexProto
@@ -126,9 +125,7 @@ def _module_sources(module: bytes) -> tuple[str, dict[str, InstructionSource]]:
     stack = _StackFrames(frames)
     sources: dict[str, InstructionSource] = {}
     for computation in computations:
-        for field, instruction in _fields(computation):
-            if field != _COMPUTATION_INSTRUCTIONS or not isinstance(instruction, bytes):
-                continue
+        for instruction in instructions(computation, _fields):
             parts = dict(_fields(instruction))
             metadata = parts.get(_INSTRUCTION_METADATA)
             instruction_name = parts.get(_INSTRUCTION_NAME)

@@ -12,12 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tputrace.importers.hlo_shapes import Fields, signature_diff
-from tputrace.xplane_proto import decode_varint
+from tputrace.importers.hlo_shapes import Fields, computations, signature_diff, varints
 
-
-_MODULE_COMPUTATIONS, _OUTPUT_SHARDING, _PARAMETER_SHARDINGS, _DEVICE_ASSIGNMENT = 3, 12, 14, 15  # HloModuleProto
-_COMPUTATION_INSTRUCTIONS = 2  # HloComputationProto
+_OUTPUT_SHARDING, _PARAMETER_SHARDINGS, _DEVICE_ASSIGNMENT = 12, 14, 15  # HloModuleProto
 _NAME, _CHANNEL_ID, _REPLICA_GROUPS, _GLOBAL_IDS, _DEVICE_LIST = 1, 26, 49, 71, 87  # HloInstructionProto
 _GROUP_LIST, _IOTA_GROUPS = 1, 2  # CollectiveDeviceListProto
 _REPLICA_COUNT, _COMPUTATION_COUNT, _COMPUTATION_DEVICES = 1, 2, 3  # DeviceAssignmentProto
@@ -43,7 +40,6 @@ def program_placement(module: bytes, fields: Fields) -> ProgramPlacement:
     tiles: list[tuple[int, ...]] = []
     assignment: list[list[int]] = []
     replicas = 1
-    instructions: list[bytes] = []
     for number, value in fields(module):
         if number == _PARAMETER_SHARDINGS and isinstance(value, bytes):
             text, cut = _sharding(value, fields)
@@ -51,16 +47,14 @@ def program_placement(module: bytes, fields: Fields) -> ProgramPlacement:
             tiles.append(cut)
         elif number == _DEVICE_ASSIGNMENT and isinstance(value, bytes):
             replicas, assignment = _assignment(value, fields)
-        elif number == _MODULE_COMPUTATIONS and isinstance(value, bytes):
-            instructions += [part for key, part in fields(value)
-                             if key == _COMPUTATION_INSTRUCTIONS and isinstance(part, bytes)]
     devices = tuple(device for replica in range(replicas) for computation in assignment
                     for device in computation[replica:replica + 1])
     groups = {}
-    for instruction in instructions:
-        found = _collective_groups(instruction, fields, assignment, replicas)
-        if found is not None:
-            groups[found[0]] = found[1]
+    for instructions in computations(module, fields):
+        for instruction in instructions:
+            found = _collective_groups(instruction, fields, assignment, replicas)
+            if found is not None:
+                groups[found[0]] = found[1]
     return ProgramPlacement(tuple(shardings), devices, groups, tuple(tiles))
 
 
@@ -71,15 +65,15 @@ def _sharding(data: bytes, fields: Fields) -> tuple[str, tuple[int, ...]]:
         if number == _TYPE and isinstance(value, int):
             kind = value
         elif number == _TILE_DIMS:
-            dims += _ints(value)
+            dims += varints(value)
         elif number == _TILE_DEVICES:
-            devices += _ints(value)
+            devices += varints(value)
         elif number == _LAST_REPLICATED and isinstance(value, int):
             last_replicated = bool(value)
         elif number == _LAST_TILE_DIMS:
-            last_dims += len(_ints(value))
+            last_dims += len(varints(value))
         elif number == _IOTA_DIMS:
-            iota_dims += _ints(value)
+            iota_dims += varints(value)
     if kind == 0:
         return "{replicated}", ()
     if kind == 1:
@@ -101,7 +95,7 @@ def _assignment(data: bytes, fields: Fields) -> tuple[int, list[list[int]]]:
         if number == _REPLICA_COUNT and isinstance(value, int):
             replicas = value
         elif number == _COMPUTATION_DEVICES and isinstance(value, bytes):
-            computations.append([device for key, part in fields(value) if key == 1 for device in _ints(part)])
+            computations.append([device for key, part in fields(value) if key == 1 for device in varints(part)])
     return replicas, computations
 
 
@@ -120,11 +114,11 @@ def _collective_groups(instruction: bytes, fields: Fields, assignment: list[list
         elif number == _GLOBAL_IDS and isinstance(value, int):
             global_ids = bool(value)
         elif number == _REPLICA_GROUPS and isinstance(value, bytes):
-            ids.append([member for key, part in fields(value) if key == 1 for member in _ints(part)])
+            ids.append([member for key, part in fields(value) if key == 1 for member in varints(part)])
         elif number == _DEVICE_LIST and isinstance(value, bytes):
             for key, part in fields(value):
                 if key == _GROUP_LIST and isinstance(part, bytes):
-                    ids.append([member for inner, members in fields(part) if inner == 1 for member in _ints(members)])
+                    ids.append([member for inner, members in fields(part) if inner == 1 for member in varints(members)])
                 elif key == _IOTA_GROUPS and isinstance(part, bytes):
                     ids += _iota_groups(part, fields)
     if not ids or not name:
@@ -152,25 +146,14 @@ def _iota_groups(data: bytes, fields: Fields) -> list[list[int]]:
     parts = list(fields(data))
     count = next((value for key, value in parts if key == 1 and isinstance(value, int)), 0)
     size = next((value for key, value in parts if key == 2 and isinstance(value, int)), 0)
-    dims = [dim for key, value in parts if key == 3 for dim in _ints(value)]
-    perm = [axis for key, value in parts if key == 4 for axis in _ints(value)]
+    dims = [dim for key, value in parts if key == 3 for dim in varints(value)]
+    perm = [axis for key, value in parts if key == 4 for axis in varints(value)]
     if count <= 0 or size <= 0 or int(np.prod(dims or [count * size])) != count * size:
         return []
     ids = np.arange(count * size).reshape(dims or [count * size])
     if perm and sorted(perm) == list(range(ids.ndim)):
         ids = ids.transpose(perm)
     return [list(map(int, group)) for group in ids.reshape(count, size)]
-
-
-def _ints(value: int | bytes) -> list[int]:
-    """A repeated varint field's values: one unpacked value, or a packed run."""
-    if isinstance(value, int):
-        return [value]
-    values, offset = [], 0
-    while offset < len(value):
-        number, offset = decode_varint(value, offset)
-        values.append(number)
-    return values
 
 
 _SHAPE = re.compile(r"^(?P<dtype>\w+)\[(?P<dims>[\d,]*)\]$")

@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterator
 from tputrace.dtypes import PRIMITIVE_TYPES
 from tputrace.xplane_proto import decode_varint
 
-_HOST_PROGRAM_SHAPE = 4  # HloModuleProto
+_MODULE_COMPUTATIONS, _HOST_PROGRAM_SHAPE = 3, 4  # HloModuleProto
+_COMPUTATION_INSTRUCTIONS = 2  # HloComputationProto
 _PARAMETERS = 1  # ProgramShapeProto
 _ELEMENT_TYPE, _DIMENSIONS = 2, 3  # ShapeProto
 
@@ -35,11 +36,29 @@ def _shape_text(shape: bytes, fields: Fields) -> str:
         if number == _ELEMENT_TYPE and isinstance(value, int):
             element_type = value
         elif number == _DIMENSIONS:
-            dims += [value] if isinstance(value, int) else packed_varints(value)
+            dims += varints(value)
     dtype = PRIMITIVE_TYPES.get(element_type, f"type{element_type}")
     if dtype in ("tuple", "token", "opaque"):
         return dtype
     return f"{dtype}[{','.join(str(size) for size in dims)}]"
+
+
+def computations(module: bytes, fields: Fields) -> Iterator[list[bytes]]:
+    """Each computation of a serialized `HloModuleProto`, as its serialized `HloInstructionProto`s in order."""
+    for number, computation in fields(module):
+        if number == _MODULE_COMPUTATIONS and isinstance(computation, bytes):
+            yield instructions(computation, fields)
+
+
+def instructions(computation: bytes, fields: Fields) -> list[bytes]:
+    """A serialized `HloComputationProto`'s serialized `HloInstructionProto`s, in order."""
+    return [instruction for number, instruction in fields(computation)
+            if number == _COMPUTATION_INSTRUCTIONS and isinstance(instruction, bytes)]
+
+
+def varints(value: int | bytes) -> list[int]:
+    """A repeated varint field's values: one unpacked value, or a packed run."""
+    return [value] if isinstance(value, int) else packed_varints(value)
 
 
 def packed_varints(data: bytes) -> list[int]:
