@@ -4,7 +4,6 @@ copy under a dispatch mode that keeps each op's floating output, and the ops are
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -12,20 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from tputrace.numerics.digests import difference, dtype_name
+from tputrace.numerics.store import OpRow
 from tputrace.numerics.tolerance import tolerance_for
-
-
-@dataclass(frozen=True)
-class OpComparison:
-    """One op of the call: its name, its order on the tpu, and how far its first floating output left the CPU's
-    (None for an op the CPU run does not have, such as autocast's casts)."""
-
-    op_index: int
-    op_name: str
-    tpu_dtype: str
-    cpu_dtype: str | None
-    divergence: float | None
-    tolerance: float | None
 
 
 class _OpOutputs(TorchDispatchMode):
@@ -53,20 +40,22 @@ def op_outputs(run: Callable[[], Any]) -> list[tuple[str, torch.Tensor]]:
     return mode.outputs
 
 
-def compare_ops(tpu_ops: list[tuple[str, torch.Tensor]], cpu_ops: list[tuple[str, torch.Tensor]]) -> list[OpComparison]:
-    """Pair each tpu op with the next CPU op of the same name (in order) and compare their outputs."""
+def compare_ops(tpu_ops: list[tuple[str, torch.Tensor]], cpu_ops: list[tuple[str, torch.Tensor]]) -> list[OpRow]:
+    """Pair each tpu op with the next CPU op of the same name (in order) and compare their outputs: per tpu op, how
+    far its first floating output left the CPU's (None for an op the CPU run does not have, such as autocast's
+    casts)."""
     comparisons = []
     cpu_position = 0
     for index, (name, tpu_value) in enumerate(tpu_ops):
         match = next((j for j in range(cpu_position, len(cpu_ops)) if cpu_ops[j][0] == name), None)
         if match is None:
-            comparisons.append(OpComparison(index, name, dtype_name(tpu_value.dtype), None, None, None))
+            comparisons.append(OpRow(index, name, dtype_name(tpu_value.dtype), None, None, None))
             continue
         cpu_position = match + 1
         cpu_value = cpu_ops[match][1]
         reference_dtype = dtype_name(cpu_value.dtype)
         comparisons.append(
-            OpComparison(
+            OpRow(
                 index,
                 name,
                 dtype_name(tpu_value.dtype),

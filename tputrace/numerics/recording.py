@@ -29,7 +29,7 @@ from tputrace.numerics.digests import difference, digest, dtype_name, finite_nor
 from tputrace.numerics.full_precision import FullPrecision
 from tputrace.numerics.parameter_grads import ParameterReferences
 from tputrace.numerics.random_ops import RandomDraw, RandomLog, RandomReplay
-from tputrace.numerics.store import COMPARED, NOT_COMPARED, FullTensor, ModuleCall, NumericsWriter, OpRow
+from tputrace.numerics.store import COMPARED, NOT_COMPARED, FullTensor, ModuleCall, NumericsWriter
 from tputrace.numerics.tolerance import tolerance_for
 
 # The phase of the rows that compare a module's own parameter gradients, summed over a step's calls.
@@ -414,13 +414,7 @@ class NumericsSession:
         except Exception as failure:  # noqa: BLE001 - the call's own comparison stands without its ops
             warnings.warn(f"tputrace numerics: --ops could not run {state.module} again: {failure}", stacklevel=1)
             return
-        self._writer.add_ops(
-            call.event_id,
-            [
-                OpRow(o.op_index, o.op_name, o.tpu_dtype, o.cpu_dtype, o.divergence, o.tolerance)
-                for o in compare_ops(tpu_ops, cpu_ops)
-            ],
-        )
+        self._writer.add_ops(call.event_id, compare_ops(tpu_ops, cpu_ops))
 
     def _keep_full(self, event_id: int, side: str, tensors: list[torch.Tensor]) -> None:
         for index, tensor in enumerate(tensors):
