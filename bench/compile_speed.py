@@ -52,35 +52,13 @@ WORKER_START_CPU = time.process_time()
 
 
 def _classifier_steps(steps: int) -> None:
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
+    import text_classifier
 
-    class TextClassifier(nn.Module):
-        def __init__(self, vocab: int = 1000, width: int = 128, classes: int = 4) -> None:
-            super().__init__()
-            self.embedding = nn.Embedding(vocab, width, padding_idx=0)
-            self.encoder = nn.TransformerEncoderLayer(width, 4, 256, dropout=0.1, batch_first=True)
-            self.head = nn.Linear(width, classes)
-
-        def forward(self, tokens: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
-            hidden = self.encoder(self.embedding(tokens), src_key_padding_mask=padding)
-            kept = (~padding).unsqueeze(-1).float()
-            return self.head((hidden * kept).sum(1) / kept.sum(1))
-
-    torch.manual_seed(0)
-    model = TextClassifier().to("tpu")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    for step in range(steps):
-        tokens, lengths = torch.randint(1, 1000, (8, 32)), torch.randint(8, 33, (8,))
-        padding = torch.arange(32)[None] >= lengths[:, None]
-        tokens, labels = tokens.masked_fill(padding, 0).to("tpu"), torch.randint(0, 4, (8,)).to("tpu")
-        loss = F.cross_entropy(model(tokens, padding.to("tpu")), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    def done(step: int, loss: Any) -> None:
         loss.item()
         _first_step_done("classifier", step)
+
+    text_classifier.train(steps, done)
 
 
 def _gpt_steps(steps: int) -> None:

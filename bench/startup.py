@@ -119,38 +119,7 @@ with open(sys.argv[1], "w") as out:
 """
 
 # A small training script: a text classifier (embedding, one encoder layer, mean over the unpadded tokens).
-CLASSIFIER_SCRIPT = """\
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-
-class TextClassifier(nn.Module):
-    def __init__(self, vocab: int = 1000, width: int = 128, classes: int = 4) -> None:
-        super().__init__()
-        self.embedding = nn.Embedding(vocab, width, padding_idx=0)
-        self.encoder = nn.TransformerEncoderLayer(width, 4, 256, dropout=0.1, batch_first=True)
-        self.head = nn.Linear(width, classes)
-
-    def forward(self, tokens: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
-        hidden = self.encoder(self.embedding(tokens), src_key_padding_mask=padding)
-        kept = (~padding).unsqueeze(-1).float()
-        return self.head((hidden * kept).sum(1) / kept.sum(1))
-
-
-torch.manual_seed(0)
-model = TextClassifier().to("tpu")
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-for step in range(3):
-    tokens, lengths = torch.randint(1, 1000, (8, 32)), torch.randint(8, 33, (8,))
-    padding = torch.arange(32)[None] >= lengths[:, None]
-    tokens, labels = tokens.masked_fill(padding, 0).to("tpu"), torch.randint(0, 4, (8,)).to("tpu")
-    loss = F.cross_entropy(model(tokens, padding.to("tpu")), labels)
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-    print(f"step {step}: loss {loss.item():.4f}")
-"""
+CLASSIFIER_SCRIPT = REPO_ROOT / "bench" / "text_classifier.py"
 
 TPUTRACE_MAIN = "import sys; from tputrace.cli.main import main; sys.exit(main(sys.argv[1:]))"
 FIRST_REPORT = "first report: `tputrace run` of a text classifier's 3 training steps, then `tputrace report`"
@@ -206,7 +175,7 @@ def _first_steps(case: str, root: Path, work: Path) -> Timing:
 def _first_report(root: Path, work: Path) -> Timing:
     """`tputrace run` of the classifier script, then `tputrace report` of its trace: both processes' sum."""
     trace = str(work / "classifier.tptrace")
-    run = _run([sys.executable, "-c", TPUTRACE_MAIN, "run", "--no-summary", "--force", "-o", trace, str(work / "classifier.py")], root)
+    run = _run([sys.executable, "-c", TPUTRACE_MAIN, "run", "--no-summary", "--force", "-o", trace, str(CLASSIFIER_SCRIPT)], root)
     report = _run([sys.executable, "-c", TPUTRACE_MAIN, "report", trace], root)
     return Timing(run.wall + report.wall, (run.cpu or 0.0) + (report.cpu or 0.0), last_wall=report.wall, last_cpu=report.cpu)
 
@@ -215,7 +184,6 @@ def _cases(work: Path) -> dict[str, Callable[[Path], Timing]]:
     (work / "tiny.py").write_text(TINY_SCRIPT)
     (work / "spawn_child.py").write_text(SPAWN_SCRIPT)
     (work / "first_steps.py").write_text(FIRST_STEPS_SCRIPT)
-    (work / "classifier.py").write_text(CLASSIFIER_SCRIPT)
     trace = str(work / "tiny.tptrace")
     run_prefix = [sys.executable, "-c", TPUTRACE_MAIN, "run", "--no-summary", "-o", str(work / "spawn.tptrace")]
     return {
