@@ -119,6 +119,18 @@ def test_every_chip_figure_has_a_source() -> None:
     assert CHIPS["v6e"].peak_bf16_flops == 918e12 and CHIPS["v7"].hbm_bandwidth == 7380e9
 
 
+def test_one_byte_arrays_are_padded_to_their_own_tile() -> None:
+    """A memory fit lays int8, uint8 and bool buffers out in (32, 128) tiles, as the chip's layout does; 4 rows of
+    128 one-byte elements take one 32-row tile."""
+    from tputrace.analysis.memory_fit import padded_bytes
+
+    target = CHIPS["v6e"]
+    for dtype in ("int8", "uint8", "bool"):
+        assert padded_bytes((4, 128), dtype, target) == 32 * 128
+    assert padded_bytes((4, 128), "bfloat16", target) == 16 * 128 * 2
+    assert padded_bytes((4, 128), "float32", target) == 8 * 128 * 4
+
+
 def test_chip_names() -> None:
     assert chip(None).name == DEFAULT_TARGET
     assert chip("TPU7x").name == "v7" and chip("V5E").name == "v5e" and chip("trillium").name == "v6e"

@@ -78,7 +78,10 @@ class Chip:
 
     def tile(self, dtype: str) -> tuple[int, int]:
         """Native (sublane, lane) tile of a 2-D array of `dtype` in HBM."""
-        size = DTYPE_BYTES.get(dtype, 4)
+        return self.tile_of_size(DTYPE_BYTES.get(dtype, 4))
+
+    def tile_of_size(self, size: int) -> tuple[int, int]:
+        """Native (sublane, lane) tile of a 2-D array of `size`-byte elements in HBM."""
         if size >= 4:
             return (8, 128)
         if size == 2:

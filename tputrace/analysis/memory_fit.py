@@ -57,7 +57,7 @@ class MemoryFit:
 def padded_bytes(shape: tuple[int, ...], dtype: str | None, target: Chip) -> int:
     """Bytes of an array of `shape` and `dtype` laid out in the target's native tiles."""
     item = element_bytes(NUMPY_NAMES.get(dtype or "")) or 4
-    sublane, lane = _tile(item, target)
+    sublane, lane = target.tile_of_size(item)
     if not shape:
         return sublane * lane * item if item else 0
     rows = shape[-2] if len(shape) >= 2 else 1
@@ -65,11 +65,6 @@ def padded_bytes(shape: tuple[int, ...], dtype: str | None, target: Chip) -> int
     for size in shape[:-2]:
         outer *= size
     return outer * round_up(max(rows, 1), sublane) * round_up(max(shape[-1], 1), lane) * item if all(shape) else 0
-
-
-def _tile(item: int, target: Chip) -> tuple[int, int]:
-    short = {8: "f64", 4: "f32", 2: "bf16", 1: "s8"}.get(item, "f32")
-    return target.tile(short)
 
 
 def fit(breakdown: PeakBreakdown, live: Sequence[BufferLifetime], target: Chip, batch: int | None = None) -> MemoryFit:
