@@ -104,8 +104,10 @@ def _loop_of(call: ast.Call, parents: dict[ast.AST, ast.AST]) -> ElementLoop | N
     indexed = root.value if isinstance(root, ast.Subscript) and isinstance(root.slice, ast.Name) else None
     names = ([root.slice.id] if isinstance(root, ast.Subscript) and isinstance(root.slice, ast.Name) else
              [root.id] if isinstance(root, ast.Name) else
-             [] if isinstance(root, ast.Subscript) else  # a value computed of the loop's variables: `(a * b).sum()`
-             list(dict.fromkeys(node.id for node in ast.walk(root) if isinstance(node, ast.Name))))
+             # arithmetic on the loop's variables: `(a * b).sum()`, not a call such as `model(x)`
+             list(dict.fromkeys(node.id for node in ast.walk(root) if isinstance(node, ast.Name)))
+             if isinstance(root, (ast.BinOp, ast.UnaryOp)) and not any(isinstance(node, ast.Call) for node in ast.walk(root))
+             else [])
     read = _read_name(call)
     if not names or read is None:
         return None
