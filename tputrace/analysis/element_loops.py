@@ -7,6 +7,7 @@ containers and layout are the script's own: nothing here matches one script's sp
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 from dataclasses import dataclass
 from typing import Literal
@@ -18,6 +19,7 @@ _READ_CALLS = frozenset({"float", "int", "bool"})
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.Module)
 Container = Literal["tensor", "sequence", "dict"]
+VALUES = "{values}"  # in a host loop, where the values read once go
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,10 @@ class ElementLoop:
     statement's header or of the comprehension, whose ops take the elements out; `loop_line` the `for` statement's
     line, None for a comprehension; `loop` the loop's clauses as written (`for i in range(n)`, with a comprehension's
     other `for` and `if` clauses, whose presence `filtered` says); `sums`: the reads are added up (`total += x.item()`,
-    `sum(x.item() for ...)`)."""
+    `sum(x.item() for ...)`), where `element` is what is added with the reads left out (`x * y` of `total +=
+    x.item() * y.item()`); `unpacked`: the loop unpacks each element of `source` into its variables (`for x, y in
+    pairs`), so `variable` holds a part of one; `host_loop` a `for` statement's header with `source` read once in its
+    place (`for i, row in enumerate({values})`), None for a comprehension."""
 
     source: str
     read: str
@@ -42,6 +47,8 @@ class ElementLoop:
     loop: str
     filtered: bool
     sums: bool
+    unpacked: bool = False
+    host_loop: str | None = None
 
 
 def element_loop(path: str, line: int) -> ElementLoop | None:
@@ -95,34 +102,42 @@ def _loop_of(call: ast.Call, parents: dict[ast.AST, ast.AST]) -> ElementLoop | N
     value = _read_value(call)
     root = _root(value)
     indexed = root.value if isinstance(root, ast.Subscript) and isinstance(root.slice, ast.Name) else None
-    name = (root.slice.id if isinstance(root, ast.Subscript) and isinstance(root.slice, ast.Name) else
-            root.id if isinstance(root, ast.Name) else None)
+    names = ([root.slice.id] if isinstance(root, ast.Subscript) and isinstance(root.slice, ast.Name) else
+             [root.id] if isinstance(root, ast.Name) else
+             # arithmetic on the loop's variables: `(a * b).sum()`, not a call such as `model(x)`
+             list(dict.fromkeys(node.id for node in ast.walk(root) if isinstance(node, ast.Name)))
+             if isinstance(root, (ast.BinOp, ast.UnaryOp)) and not any(isinstance(node, ast.Call) for node in ast.walk(root))
+             else [])
     read = _read_name(call)
-    if name is None or read is None:
+    if not names or read is None:
         return None
     node: ast.AST = call
     while not isinstance(node, _SCOPES) and node in parents:
         holder = parents[node]
         for target, iterable, header in _bindings(holder, node):
-            bound = _bound(target, iterable, name)
-            if bound is None:
+            binding = next(((name, found) for name in names if (found := _bound(target, iterable, name)) is not None),
+                           None)
+            if binding is None:
                 continue
+            name, (bound, unpacked) = binding
             header_lines = range(header.lineno, (header.end_lineno or header.lineno) + 1)
+            is_for = isinstance(holder, (ast.For, ast.AsyncFor))
             loop_line = holder.lineno if isinstance(holder, (ast.For, ast.AsyncFor)) else None
-            sums = _sums(call, holder, parents)
-            names = ", ".join(map(ast.unparse, target.elts)) if isinstance(target, ast.Tuple) else ast.unparse(target)
+            added = _added(call, holder, parents)
+            element = ast.unparse(_without_reads(added)) if added is not None and not indexed else ast.unparse(value)
             clauses = holder.generators if isinstance(holder, _COMPREHENSIONS) else []
             filtered = len(clauses) > 1 or any(clause.ifs for clause in clauses)
             loop = (" ".join(ast.unparse(clause).strip() for clause in clauses) if filtered
-                    else f"for {names} in {ast.unparse(iterable)}")
+                    else f"for {_target_text(target)} in {ast.unparse(iterable)}")
             if indexed is not None:
                 if not (isinstance(bound, ast.Call) and isinstance(bound.func, ast.Name) and bound.func.id == "range"):
                     return None
                 return ElementLoop(ast.unparse(indexed), read, "tensor", ast.unparse(value), name, header_lines,
-                                   loop_line, loop, filtered, sums)
+                                   loop_line, loop, filtered, added is not None)
             container, source = _container(bound)
-            return ElementLoop(source, read, container, ast.unparse(value), name, header_lines, loop_line, loop,
-                               filtered, sums)
+            host_loop = _host_loop(target, iterable, bound) if is_for else None
+            return ElementLoop(source, read, container, element, name, header_lines, loop_line, loop, filtered,
+                               added is not None, unpacked, host_loop)
         node = holder
     return None
 
@@ -137,26 +152,58 @@ def _bindings(holder: ast.AST, child: ast.AST) -> list[tuple[ast.expr, ast.expr,
     return []
 
 
-def _bound(target: ast.expr, iterable: ast.expr, name: str) -> ast.expr | None:
-    """What `name` takes its values from, where a loop binds it by `target` over `iterable`: the iterable itself,
-    the second argument of `enumerate`, the dict of `.items()`, or `zip`'s argument in its place; else None."""
+def _bound(target: ast.expr, iterable: ast.expr, name: str) -> tuple[ast.expr, bool] | None:
+    """What `name` takes its values from, where a loop binds it by `target` over `iterable` (the iterable itself, the
+    second argument of `enumerate`, the dict of `.items()`, or `zip`'s argument in its place, nested as the target
+    nests), and whether each of those values is unpacked into the target's names (`for x, y in pairs`, `for first,
+    *rest in rows`); else None."""
     if isinstance(target, ast.Name):
-        return iterable if target.id == name else None
-    if not isinstance(target, (ast.Tuple, ast.List)):
+        return (iterable, False) if target.id == name else None
+    if isinstance(target, ast.Starred):
+        return _bound(target.value, iterable, name)
+    if not isinstance(target, (ast.Tuple, ast.List)) or not _binds(target, name):
         return None
-    names = [element.id if isinstance(element, ast.Name) else None for element in target.elts]
-    if name not in names:
+    parts = target.elts
+    if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and not iterable.keywords:
+        if iterable.func.id == "enumerate" and len(parts) == 2 and len(iterable.args) == 1:
+            return _bound(parts[1], iterable.args[0], name) if _binds(parts[1], name) else None
+        if iterable.func.id == "zip" and len(iterable.args) == len(parts) and not any(
+                isinstance(part, ast.Starred) for part in parts):
+            return next(_bound(part, arg, name) for part, arg in zip(parts, iterable.args) if _binds(part, name))
+    if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Attribute) and iterable.func.attr == "items" \
+            and not iterable.args:
+        if len(parts) == 2 and isinstance(parts[1], ast.Name) and parts[1].id == name:
+            return iterable, False  # a dict's values, by `.items()`
         return None
-    position = names.index(name)
-    if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name):
-        if iterable.func.id == "enumerate" and len(names) == 2 and position == 1 and iterable.args:
-            return iterable.args[0]
-        if iterable.func.id == "zip" and len(iterable.args) == len(names):
-            return iterable.args[position]
-    if (isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Attribute) and iterable.func.attr == "items"
-            and not iterable.args and len(names) == 2 and position == 1):
-        return iterable  # a dict's values, by `.items()`
-    return None
+    return iterable, True
+
+
+def _binds(target: ast.expr, name: str) -> bool:
+    """Whether the loop target `target` binds `name`."""
+    return any(isinstance(node, ast.Name) and node.id == name for node in ast.walk(target))
+
+
+def _host_loop(target: ast.expr, iterable: ast.expr, source: ast.expr) -> str:
+    """The `for` header `for target in iterable`, with `source` (a part of `iterable`) in place of `VALUES`, where the
+    values read to the host once go."""
+    place = (source.lineno, source.col_offset, source.end_lineno, source.end_col_offset)
+
+    class _ReadOnce(ast.NodeTransformer):
+        def visit(self, node: ast.AST) -> ast.AST:
+            if (getattr(node, "lineno", None), getattr(node, "col_offset", None), getattr(node, "end_lineno", None),
+                    getattr(node, "end_col_offset", None)) == place and isinstance(node, ast.expr):
+                return ast.Name(VALUES, ast.Load())
+            visited: ast.AST = super().visit(node)
+            return visited
+
+    read_once: ast.AST = _ReadOnce().visit(copy.deepcopy(iterable))
+    return f"for {_target_text(target)} in {ast.unparse(read_once)}"
+
+
+def _target_text(target: ast.expr) -> str:
+    """A loop target as its `for` statement writes it: `i, (x, y)`."""
+    text = ast.unparse(target)
+    return text[1:-1] if isinstance(target, ast.Tuple) and text.startswith("(") else text
 
 
 def _container(iterable: ast.expr) -> tuple[Container, str]:
@@ -171,16 +218,31 @@ def _container(iterable: ast.expr) -> tuple[Container, str]:
     return "sequence", ast.unparse(iterable)
 
 
-def _sums(call: ast.Call, loop: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
-    """Whether the reads are added up: the read's statement adds into a total in a `for` loop, or a comprehension's
-    values go to `sum(...)`."""
+def _added(call: ast.Call, loop: ast.AST, parents: dict[ast.AST, ast.AST]) -> ast.expr | None:
+    """What the reads add up, where they are added up (the read's statement adds into a total in a `for` loop, or a
+    comprehension's values go to `sum(...)`): the value added (`x.item() * y.item()`); else None."""
     if isinstance(loop, _COMPREHENSIONS):
         holder = parents.get(loop)
-        return isinstance(holder, ast.Call) and isinstance(holder.func, ast.Name) and holder.func.id == "sum"
+        summed = isinstance(holder, ast.Call) and isinstance(holder.func, ast.Name) and holder.func.id == "sum"
+        return loop.elt if summed and isinstance(loop, (ast.ListComp, ast.SetComp, ast.GeneratorExp)) else None
     node: ast.AST = call
     while not isinstance(node, ast.stmt) and node in parents:
         node = parents[node]
     if isinstance(node, ast.AugAssign):
-        return isinstance(node.op, ast.Add)
-    return (isinstance(node, ast.Assign) and isinstance(node.value, ast.BinOp) and isinstance(node.value.op, ast.Add)
-            and len(node.targets) == 1 and ast.unparse(node.value.left) == ast.unparse(node.targets[0]))
+        return node.value if isinstance(node.op, ast.Add) else None
+    if (isinstance(node, ast.Assign) and isinstance(node.value, ast.BinOp) and isinstance(node.value.op, ast.Add)
+            and len(node.targets) == 1 and ast.unparse(node.value.left) == ast.unparse(node.targets[0])):
+        return node.value.right
+    return None
+
+
+def _without_reads(value: ast.expr) -> ast.expr:
+    """`value` with each read in it (`x.item()`, `float(y)`) replaced by what it reads: the value kept on the chip."""
+
+    class _Unread(ast.NodeTransformer):
+        def visit_Call(self, node: ast.Call) -> ast.AST:
+            self.generic_visit(node)
+            return _read_value(node) if _read_name(node) is not None else node
+
+    unread: ast.expr = _Unread().visit(copy.deepcopy(value))
+    return unread

@@ -91,7 +91,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[FrozenBackwardData]:
                           sum(group.calls * len(group.products) for group in through),
                           sum(times.attributed_ns(context, group) for group in through),
                           sum(projected_ns(context, group) for group in backward) if on_cpu_chips(context) else None)
-    finding = _finding(context, data, forward_frame, backward) if context.share_of_step(cost) >= MIN_STEP_SHARE else None
+    finding = _finding(context, data, forward_frame, backward) if _share(context, cost)[0] >= MIN_STEP_SHARE else None
     return AnalysisResult(NAME, FrozenBackwardData(data), (finding,) if finding else ())
 
 
@@ -186,7 +186,7 @@ def _takes_weight(group: MatmulGroup, weights: set[tuple[int, ...]]) -> bool:
 
 def _finding(context: AnalysisContext, data: FrozenBackward, forward_frame: int | None,
              backward: list[MatmulGroup]) -> Finding:
-    share = context.share_of_step(data.cost_ns)
+    share, basis = _share(context, data.cost_ns)
     modules = ", ".join(data.modules[:4]) + (", ..." if len(data.modules) > 4 else "")
     backward_at = context.where(backward[0].frame_id)
     evidence = [context.evidence_at(
@@ -201,7 +201,7 @@ def _finding(context: AnalysisContext, data: FrozenBackward, forward_frame: int 
             f"No optimizer steps the {plural(data.frozen_parameters, 'weight')} of {modules}, yet their forward at "
             f"{data.forward_at} kept its graph and the backward at {backward_at} computed their gradients: "
             f"{plural(data.weight_gradients, 'weight-gradient product')} in the loop whose results no step uses (the weights' "
-            f"`.grad` is never stepped), an estimated {format_ns(data.cost_ns)} of chip time ({share:.1%} of a step; "
+            f"`.grad` is never stepped), an estimated {format_ns(data.cost_ns)} of chip time ({share:.1%} of {basis}; "
             f"their elementwise backward comes on top){_projected_text(context, data)}, besides the activations the "
             "forward saved for them."
             + (f" The backward also ran {plural(data.through_products, 'product')} through those weights "
@@ -221,6 +221,19 @@ def _finding(context: AnalysisContext, data: FrozenBackward, forward_frame: int 
         module=data.modules[0] if data.modules else None,
         **context.location_fields(forward_frame),
     )
+
+
+def _share(context: AnalysisContext, cost_ns: float) -> tuple[float, str]:
+    """The products' chip time as a share of the median step, and what it is a share of (`a step`). Where the chip's
+    measured busy time per step passed the step's time on the host clock (a queue of programs the host ran ahead of,
+    as XLA:CPU executions can be), the share is of that busy time, the clock the cost was measured on, so it never
+    passes 100%."""
+    step_share = context.share_of_step(cost_ns)
+    times = chip_time(context)
+    if not times.measured:
+        return min(step_share, 1.0), "a step"
+    busy_share = cost_ns / times.execution_ns
+    return (step_share, "a step") if step_share <= busy_share else (min(busy_share, 1.0), "the chip's busy time in the loop")
 
 
 def _projected_text(context: AnalysisContext, data: FrozenBackward) -> str:

@@ -9,6 +9,8 @@ Two kinds:
 - a break in the update itself (LBFGS's `.item()` and branches on the loss, a library optimizer's Python): the step
   falls out of the graph there, partly or wholly uncompiled; the fix is to leave the step eager, outside the compiled
   function, or to use an optimizer whose step Dynamo traces.
+A break in the step of an optimizer that is not torch.optim's (the script's own subclass, a library's) is told by
+`custom_optimizers`, naming its class.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 
 from tputrace.analysis.break_sites import IN_LIBRARY, CallingLine, user_function
 from tputrace.analysis.context import AnalysisContext, detail_object
+from tputrace.analysis.custom_optimizers import custom_step, custom_step_wording
 from tputrace.store.records import SourceLocation
 from tputrace.wording import plural
 
@@ -71,13 +74,17 @@ def is_optimizer_file(name: str, function: str) -> bool:
 def step_break_at(context: AnalysisContext, location: SourceLocation | None, where: str, what: str, reason: str,
                   caller: CallingLine | None, eager: bool) -> StepBreak | None:
     """The step's wording for a break at `location` in torch.optim, or for an import's break at the user's line whose
-    reason names torch.optim's file; None for any other break."""
+    reason names torch.optim's file, or in the step of an optimizer class that is not torch.optim's (`custom_step`);
+    None for any other break."""
     in_library = IN_LIBRARY.search(reason)
     if in_library is not None and location is not None and is_optimizer_file(in_library["file"], in_library["function"]):
         return step_break(context, f"{in_library['file']}:{in_library['line']}", what, IN_LIBRARY.sub("", reason),
                           CallingLine(location.file, location.line, location.function, True), eager, None)
     if not is_optimizer_break(location):
-        return None
+        custom = custom_step(context, location)
+        if custom is None or location is None:
+            return None
+        return StepBreak(*custom_step_wording(custom, location, where, what, reason, eager))
     return step_break(context, where, what, reason, caller, eager, module_file(location))
 
 

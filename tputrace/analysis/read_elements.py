@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 
 from tputrace.analysis.context import AnalysisContext, in_list
-from tputrace.analysis.element_loops import ElementLoop, element_loop
+from tputrace.analysis.element_loops import VALUES, ElementLoop, element_loop
 
 # the op that iterating a tensor runs (`for row in t`, `t.unbind()`): the elements come from one tensor
 ITERATES_A_TENSOR = "aten.unbind"
@@ -29,6 +29,7 @@ VALUES_OF_A_DICT = ("The line reads the values of `{source}` one at a time{loop}
 SUMMED = ("The line reads the {what} of `{source}` one at a time{loop}, each with its own `{read}`, to add them up: "
           "every read is a sync of its own, one per element where one read would do. Add them up on the chip and read "
           "the sum once, `{once}`.")
+HOST_LOOP = " The loop then runs over the Python values: `{host_loop}:`."
 WITH_STEPS = (" To wait less still, keep the tensor on the chip and read it every N steps or after the loop, so the host "
               "can queue the next step while the chip works.")
 
@@ -70,7 +71,8 @@ def element_read_text(context: AnalysisContext, frame_id: int | None) -> str | N
 
 def _fix(reads: ElementLoop, container: str) -> str:
     """The advice for `reads` of a `container` (`tensor`, `sequence`, `dict`): one read of them all."""
-    plain = reads.element in (reads.variable, f"{reads.source}[{reads.variable}]") and not reads.filtered
+    plain = (reads.element in (reads.variable, f"{reads.source}[{reads.variable}]") and not reads.filtered
+             and not reads.unpacked)
     loop = f" (the loop at line {reads.loop_line}, `{reads.loop}:`, takes them)" if reads.loop_line is not None else ""
     stacked = (f"torch.stack([{reads.element} {reads.loop}])" if not plain else
                reads.source if container == "tensor" else
@@ -79,6 +81,13 @@ def _fix(reads: ElementLoop, container: str) -> str:
     if reads.sums:
         what = {"tensor": "elements", "dict": "values"}.get(container, "tensors")
         return SUMMED.format(what=what, once=f"{stacked}.sum().item()", **fields)
+    if (reads.host_loop is not None and not reads.filtered and container != "dict"
+            and (plain or (reads.unpacked and container == "tensor"))):
+        # a `for` loop over the values read once: the loop's own header, with its source read to the host
+        once = f"{reads.source if container == 'tensor' else stacked}.tolist()"
+        template = ELEMENTS_OF_A_TENSOR if container == "tensor" else ELEMENTS_OF_A_LIST
+        return (template.format(once=once, host="", **fields)
+                + HOST_LOOP.format(host_loop=reads.host_loop.replace(VALUES, once)))
     if container == "tensor":
         host = f" (or one `{reads.source}.cpu()`, indexed on the host)" if plain else ""
         return ELEMENTS_OF_A_TENSOR.format(once=f"{stacked}.tolist()", host=host, **fields)
