@@ -306,12 +306,16 @@ def concise_reason(reason: str) -> str:
 _WRAPPER_FRAME = re.compile(r" \(<tputrace host origins>:\d+ in \w+\)|\n *File \"<tputrace host origins>\", line \d+, in \w+\n[^\n]*")
 
 
+# Dynamo writes a device index in its guard text as a raw byte ("Expected device index to be \x00, actual \x01").
+_RAW_BYTE = re.compile(r"[\x00-\x08\x0b-\x1f]")
+
+
 def _split_reason(reason: str | None) -> tuple[str | None, str | None]:
     """'0/0: tensor 'x' size mismatch ...' -> ('0/0', "tensor 'x' size mismatch ..."), without the frames of
     tputrace's own wrappers."""
     if not reason:
         return None, None
-    reason = _WRAPPER_FRAME.sub("", reason)
+    reason = _RAW_BYTE.sub(lambda byte: str(ord(byte.group())), _WRAPPER_FRAME.sub("", reason))
     head, separator, rest = reason.partition(": ")
     if separator and "/" in head and head.replace("/", "").isdigit():
         return head, rest

@@ -37,6 +37,8 @@ def structure_change(old: FlushedGraph, nodes: list, called_names: tuple[str, ..
     for index, ((plan, refs), (old_plan, old_refs)) in enumerate(zip(nodes, old_nodes)):
         if plan is not old_plan or refs != old_refs:
             op = op_text(nodes, graph, recorder, index)
+            if plan.op_name == old_plan.op_name and plan.chip != old_plan.chip:
+                return "recompile", f"{op}: chip: tpu:{old_plan.chip} -> tpu:{plan.chip} (a program is compiled per chip)"
             if plan.op_name == old_plan.op_name and old_plan.matmul_precision and plan.matmul_precision and old_plan.matmul_precision != plan.matmul_precision:
                 return "recompile", f"{op}: float32 matmul precision: {old_plan.matmul_precision} -> {plan.matmul_precision}"
             if plan.op_name == old_plan.op_name and len(plan.in_specs) == len(old_plan.in_specs):
