@@ -55,6 +55,7 @@ class Dispatcher(ArgumentFlattening, PlanBuilding, ViewOps, Writes, HostTransfer
         self.structures: dict[Any, CompileHistory] = {}
         self.length_recompiles = LengthRecompiles()  # new data-dependent lengths as recompiles (`record_compile`)
         self.site_compiles = SiteCompiles()  # an op's new non-tensor arguments at a line as recompiles (`record_compile`)
+        self.first_chips: dict[tuple[Any, tuple], int] = {}  # by structure and signature: the chip it first compiled for
         self.view_plans: dict[Any, Any] = {}
         self.executor: Executor = StrictExecutor(self)
         self.recorder: Recording | None = None

@@ -41,6 +41,7 @@ class PlanBuilding:
     structures: dict[Any, CompileHistory]
     length_recompiles: LengthRecompiles
     site_compiles: SiteCompiles
+    first_chips: dict[tuple[Any, tuple], int]
 
     def _make_plan(self, entry: OpEntry, key: Any, template_args: tuple, template_kwargs: tuple, dynamic: list, specs: list, originals: list, chip: int, precision: str | None = None) -> Any:
         with self.plan_lock:
@@ -145,6 +146,9 @@ class PlanBuilding:
                                                           module)
         if reason == "recompile" and not evicted and not same_signature:
             reason, diff = site_reason  # new shapes: a recompile only of this structure's program at this line
+        first_chip = self.first_chips.setdefault((plan.structure_key, plan.in_specs), plan.chip)
+        if reason == "recompile" and same_signature and not evicted and first_chip != plan.chip:
+            diff = f"chip: tpu:{first_chip} -> tpu:{plan.chip} (a program is compiled per chip)"
         by_length = self.length_recompiles.reason(plan.structure_key, plan.in_specs, line, step)
         if reason == "first" and by_length is not None:
             reason, diff = by_length
