@@ -12,15 +12,23 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from tputrace.backend.core.buffers import CountedBuffer
 from tputrace.backend.core.tensor import TpuTensor
+from tputrace.recording.interface import Recording
 
-if TYPE_CHECKING:
-    from tputrace.backend.distributed.tracing import CollectiveCall
+
+class CollectiveCall(Protocol):
+    """What a watch reads and writes of a call (`tracing.CollectiveCall`)."""
+
+    recorder: Recording
+    thread: int
+    watched: list[Any] | None
+    read_early_frame_id: int | None
+
 
 _slot = CountedBuffer.array  # the slot's descriptor: what the watched class's property reads and writes
 _lock = threading.Lock()
