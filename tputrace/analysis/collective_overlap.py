@@ -35,7 +35,7 @@ def overlap_advice(context: AnalysisContext, user_lines: Iterable[tuple[str, int
     parts: list[str] = []
     if any(kind.startswith("ddp") for kind in causes):
         parts.append("DDP's buckets go out as the backward fills them: keep `bucket_cap_mb` near its default of 25 so that the "
-                     "first buckets start early, and wrap the accumulation micro-batches in `no_sync()`.")
+                     "first buckets start early, and when accumulating gradients run all micro-batches but the last inside `no_sync()`.")
     if any(kind.startswith("fsdp_") for kind in causes):
         parts.append("FSDP2 all-gathers each group just before it runs: prefetch further ahead "
                      "(`set_modules_to_forward_prefetch` and `set_modules_to_backward_prefetch` on the wrapped modules), and "
