@@ -11,7 +11,6 @@ from tputrace.analysis.call_sites import line_text
 from tputrace.analysis.collective_overlap import SCALAR_BYTES, overlap_advice, run_cause_kinds
 from tputrace.analysis.collective_phases import collective_phases, forward_fix
 from tputrace.analysis.context import AnalysisContext
-from tputrace.analysis.imported import context_import_facts
 
 # The collectives torch's object calls run on pickled bytes, by the call.
 OBJECT_KINDS = {"all_gather": "all_gather_object", "broadcast": "broadcast_object_list", "gather": "gather_object", "scatter": "scatter_object_list"}
@@ -116,13 +115,10 @@ def _scalar_fix(kind: str, at: str) -> str:
 
 
 def overlap_fix(context: AnalysisContext, where: str, params: Sequence[int]) -> str:
-    """The general fix for the share of the collectives `where` selects: in JAX's terms for an XProf capture (XLA's
-    collectives), else in those of what issued them (`overlap_advice`: DDP's buckets only for a DDP run)."""
-    facts = context_import_facts(context)
-    if facts is not None and facts.format == "xplane":
-        return ("Reduce less often or less data: accumulate gradients over micro-batches (a `jax.lax.scan`) before one "
-                "`psum`/`pmean`, cast them to bfloat16 before reducing, or shard parameters and optimizer state "
-                "(`jax.sharding`) so that XLA reduce-scatters them and overlaps the collectives with the backward pass.")
+    """The general fix for the share of the collectives `where` selects, in the terms of what issued them
+    (`overlap_advice`: DDP's buckets only for a DDP run, JAX's terms for an XProf capture)."""
+    if context.trace.meta.get("imported"):
+        return overlap_advice(context, (), ())
     lines = [(kind, frame_id) for kind, frame_id in context.trace.sql(
         f"SELECT DISTINCT kind, frame_id FROM collectives WHERE {where}" + (" AND cause_id IS NULL" if context.trace.has_column("collectives", "cause_id") else ""),
         tuple(params))]

@@ -1,7 +1,8 @@
 """How to hide a run's communication behind compute, in the terms of what issued it: DDP's gradient buckets, FSDP's
 parameter groups, DTensor redistributions (tensor parallelism), the model's own forward collectives
 (`collective_phases`), gradients reduced by hand after the backward, and the user's other calls. Each part of the
-advice names only the mechanism the run used: bucket sizes and `no_sync` are for DDP runs alone."""
+advice names only the mechanism the run used: bucket sizes and `no_sync` are for DDP runs alone. An imported capture
+records no causes: an XProf capture gets JAX's terms, another capture advice that names no one library."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Iterable
 
 from tputrace.analysis.collective_phases import collective_phases
 from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.imported import context_import_facts
 
 GRADIENT_KINDS = ("all_reduce", "reduce_scatter", "reduce")  # a user's call of these outside the forward reduces gradients
 SCALAR_BYTES = 64  # a call of at most this many bytes carries a few numbers (a loss, an accuracy), not a tensor's data
@@ -17,6 +19,14 @@ SCALAR_BYTES = 64  # a call of at most this many bytes carries a few numbers (a 
 def overlap_advice(context: AnalysisContext, user_lines: Iterable[tuple[str, int | None]], cause_kinds: Iterable[str]) -> str:
     """The changes that start the communication earlier, by what issued it: `user_lines` are the (kind, frame id) of
     the user's own calls, `cause_kinds` the recorded causes of the library calls."""
+    if context.trace.meta.get("imported"):
+        facts = context_import_facts(context)
+        if facts is not None and facts.format == "xplane":
+            return ("Reduce less often or less data: accumulate gradients over micro-batches (a `jax.lax.scan`) before one "
+                    "`psum`/`pmean`, cast them to bfloat16 before reducing, or shard parameters and optimizer state "
+                    "(`jax.sharding`) so that XLA reduce-scatters them and overlaps the collectives with the backward pass.")
+        return ("Issue collectives asynchronously and wait just before their results are used, and reduce gradients as the "
+                "backward produces them rather than after it (DDP's buckets and FSDP's prefetch do so where they run).")
     causes = set(cause_kinds)
     phases = collective_phases(context)
     largest = {(kind, frame_id): size or 0 for kind, frame_id, size in context.trace.sql(
