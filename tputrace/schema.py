@@ -385,9 +385,11 @@ COLLECTIVES = RecordKind(
         _c("cause_id", "INTEGER", "why the call happened (NULL: the user's own call, or a file from before causes were recorded)", ref="collective_causes"),
         _c("waited_after_ns", "INTEGER", "how long after `start_ns` this rank's code first waited on the call (its Work, "
            "future or functional result); NULL: never waited, waited where tputrace does not see it (DDP's reducer, in C++), or an older file"),
+        _c("read_early_frame_id", "INTEGER", "the user's line that first read a tensor the call writes after issuing it and before "
+           "that first wait (NULL: none did, a library's call, or an older file)", ref="frames"),
     ),
     indexes=(("rank", "start_ns"),),
-    optional_trailing=1,
+    optional_trailing=2,
 )
 
 DEVICE_MESHES = RecordKind(

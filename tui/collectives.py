@@ -1,4 +1,5 @@
-"""Collectives: per kind and message size (count, time, bandwidth, waiting), and per rank."""
+"""Collectives: per kind and message size (count, time, bandwidth, waiting), and per rank; in a recorded run the times
+are those a call was in flight (calls in flight together counted once, as in the summary), a call's mean its own."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from textual.widgets import Static
 
 from tputrace.derived.imported_sources import imported_source
 from tputrace.tui import queries
+from tputrace.tui.queries.collectives import collective_totals
 from tputrace.tui.render import fmt_bytes, fmt_count, fmt_ns, fmt_rate, fmt_share, right, share_bar
 from tputrace.tui.view import TraceView, palette_for
 from tputrace.tui.widgets import StatusLine, TraceTable
@@ -41,7 +43,7 @@ class CollectivesView(TraceView):
     def load(self) -> None:
         rank = self.session.rank
         self.request("main", lambda trace: (queries.collective_groups(trace, rank), queries.collective_ranks(trace),
-                                            _waited_for(trace, rank)))
+                                            _waited_for(trace, rank), collective_totals(trace, rank)))
 
     def restyle(self) -> None:
         if self._payload is not None:
@@ -49,7 +51,7 @@ class CollectivesView(TraceView):
 
     def apply(self, slot: str, payload: Any) -> None:
         self._payload = payload
-        groups, ranks, waited_for = payload
+        groups, ranks, waited_for, totals = payload
         palette = palette_for(self.app)
         self.query_one("#collectives-kinds", TraceTable).show([
             (str(index), (Text(group.kind), right(_known(fmt_bytes, group.bytes)), right(fmt_count(group.count)),
@@ -67,11 +69,8 @@ class CollectivesView(TraceView):
         if not ranks:
             self.say("collectives-status", "no collectives in this trace (a single-process run, or no torch.distributed calls)")
             return
-        count = sum(group.count for group in groups)
-        total = sum(group.total_ns for group in groups)
-        waits = [group.wait_ns for group in groups if group.wait_ns is not None]
-        if waits:
-            wait = sum(waits)
+        count, total, wait = totals.count, totals.total_ns, totals.wait_ns
+        if wait is not None:
             waiting = f"{fmt_ns(wait)} waiting for {waited_for} ({fmt_share(wait / total) if total else '-'})"
         else:
             waiting = f"waiting for {waited_for} unknown (not measured in this trace)"

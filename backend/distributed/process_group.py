@@ -105,6 +105,8 @@ class TpuProcessGroup(dist.ProcessGroup):
 
         pending = _Pending(staging.kind, host_works, finish, handoff, staging.kind == "recv")
         pending.result.call = call
+        if call is not None:
+            call.launched(result)
         self._completion.submit(pending, ordered=staging.kind not in ("send", "recv"))
         return CollectiveWork(pending, staging.kind)
 

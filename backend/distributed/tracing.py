@@ -8,7 +8,8 @@ time each rank waited for the last arrival needs every rank's clock, so `tputrac
 
 A user's own call (one without a recorded cause) also keeps when the user's code first waited on it
 (`waited_after_ns`: its Work's `wait()` or `is_completed()` found true, its future's `wait()`, a functional
-result's wait). Its row waits for that: a call whose result came back before any wait is written at the wait,
+result's wait), and the user's line that first read one of the tensors it writes before that wait (`read_early_frame_id`,
+see `early_reads`). Its row waits for the wait: a call whose result came back before any wait is written at the wait,
 or, never waited, when its future is collected or the recording ends (NULL). A call with a cause is
 waited on by its library (DDP's reducer waits in C++) and is written when its result is back.
 
@@ -21,11 +22,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from tputrace.backend.core.dtypes import short_name
-from tputrace.backend.distributed import causes, placements, redistributions
+from tputrace.backend.distributed import causes, early_reads, placements, redistributions
 from tputrace.recording.interface import Recording, active
 
 _perf_ns = time.perf_counter_ns
@@ -57,7 +59,7 @@ class CollectiveCall:
     one is made per collective while recording, so its cost is on the collective path.)"""
 
     __slots__ = ("recorder", "kind", "nbytes", "dtype", "group", "ranks", "size", "frame_id", "step", "algorithm", "start_ns", "cause_id",
-                 "waited_after_ns", "result")
+                 "waited_after_ns", "result", "thread", "watched", "read_early_frame_id")
 
     def __init__(self, recorder: Recording, kind: str, nbytes: int, dtype: str, group: str, ranks: str, size: int, transport: str,
                  reduced_already: bool = False, tensors: list[torch.Tensor] | None = None) -> None:
@@ -77,6 +79,14 @@ class CollectiveCall:
         self.cause_id = causes.cause_id(recorder, kind, group, reduced_already)
         self.waited_after_ns: int | None = None
         self.result: tuple[int, float | None] | None = None  # (duration, bandwidth) of a finished call not yet written
+        self.thread = threading.get_ident()  # the issuing thread: its reads before the wait are the user's
+        self.watched: list[Any] | None = None  # the buffers `early_reads` watches for the call
+        self.read_early_frame_id: int | None = None
+
+    def launched(self, outputs: Sequence[torch.Tensor]) -> None:
+        """The call is in the transport: a user's call's output tensors are watched for reads until its first wait."""
+        if self.cause_id is None:
+            early_reads.watch(self, outputs)
 
     def arrived(self) -> None:
         """This rank's data is in the transport: the moment the others wait for. The rows recorded so far are
@@ -92,6 +102,8 @@ class CollectiveCall:
         """The result is back, or the call failed (a peer gone, a timeout): write the row now (a failed call, so that
         the trace keeps the call a rank was waiting in, has no bus bandwidth), or, for a user's call nobody has waited on
         yet, at its first wait (`waited`) or once nobody can (`dropped`)."""
+        if failed and self.watched is not None:
+            early_reads.unwatch(self)
         duration = max(_perf_ns() - self.start_ns, 1)
         bandwidth = self.nbytes * bus_factor(self.kind, self.size) * 1e9 / duration if self.nbytes and not failed else None
         with _held_lock:
@@ -103,6 +115,8 @@ class CollectiveCall:
 
     def waited(self) -> None:
         """The user's code waits on the call; the first wait is the one its row keeps."""
+        if self.watched is not None:
+            early_reads.unwatch(self)
         with _held_lock:
             if self.waited_after_ns is not None:
                 return
@@ -115,6 +129,8 @@ class CollectiveCall:
     def dropped(self) -> None:
         """Nothing can wait on the call any more (its future was collected, the recording ends): a finished call's row
         is written as never waited."""
+        if self.watched is not None:
+            early_reads.unwatch(self)
         with _held_lock:
             result, self.result = self.result, None
             _held.discard(self)
@@ -126,7 +142,7 @@ class CollectiveCall:
             return
         self.recorder.collective(
             self.kind, self.nbytes, self.dtype, self.group, self.ranks, self.frame_id, self.start_ns, duration, None, self.algorithm, bandwidth, self.step,
-            self.cause_id, self.waited_after_ns,
+            self.cause_id, self.waited_after_ns, self.read_early_frame_id,
         )
 
 

@@ -8,14 +8,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tputrace.analysis.call_sites import line_text
+from tputrace.analysis.collective_overlap import SCALAR_BYTES, overlap_advice, run_cause_kinds
 from tputrace.analysis.collective_phases import collective_phases, forward_fix
 from tputrace.analysis.context import AnalysisContext
-from tputrace.analysis.imported import context_import_facts
 
 # The collectives torch's object calls run on pickled bytes, by the call.
 OBJECT_KINDS = {"all_gather": "all_gather_object", "broadcast": "broadcast_object_list", "gather": "gather_object", "scatter": "scatter_object_list"}
 PER_TENSOR_KINDS = ("all_reduce", "reduce")  # a reduction a loop may issue once per tensor, where one flattened call does
-SCALAR_BYTES = 64  # a call of at most this many bytes carries a few numbers (a loss, an accuracy), not a tensor's data
 SECOND_LINE_SHARE = 0.2  # of the top two lines' time: a second line with a fix of its own gets it named too
 
 
@@ -73,7 +72,7 @@ def share_fix(context: AnalysisContext, where: str, params: Sequence[int]) -> st
                                      "LIKE '%:uneven' GROUP BY frame_id ORDER BY SUM(dur_ns) DESC LIMIT 1", tuple(params))
         if dispatch:
             return _dispatch_fix(context.where(dispatch[0][0]))
-    return " ".join(fix for fix, _ in fixes) or overlap_fix(context)
+    return " ".join(fix for fix, _ in fixes) or overlap_fix(context, where, params)
 
 
 def _object_fix(kind: str, at: str, per_step: float) -> str:
@@ -115,16 +114,15 @@ def _scalar_fix(kind: str, at: str) -> str:
             "every rank (a global norm for clipping) stays.")
 
 
-def overlap_fix(context: AnalysisContext) -> str:
-    """The general fix for collectives' share: in torch's terms, or JAX's for an XProf capture (XLA's collectives)."""
-    facts = context_import_facts(context)
-    if facts is not None and facts.format == "xplane":
-        return ("Reduce less often or less data: accumulate gradients over micro-batches (a `jax.lax.scan`) before one "
-                "`psum`/`pmean`, cast them to bfloat16 before reducing, or shard parameters and optimizer state "
-                "(`jax.sharding`) so that XLA reduce-scatters them and overlaps the collectives with the backward pass.")
-    return ("Overlap communication with compute (DDP buckets overlap the backward pass; FSDP prefetches), "
-            "communicate in bfloat16, or reduce how often gradients are synchronised (gradient accumulation "
-            "with `no_sync`).")
+def overlap_fix(context: AnalysisContext, where: str, params: Sequence[int]) -> str:
+    """The general fix for the share of the collectives `where` selects, in the terms of what issued them
+    (`overlap_advice`: DDP's buckets only for a DDP run, JAX's terms for an XProf capture)."""
+    if context.trace.meta.get("imported"):
+        return overlap_advice(context, (), ())
+    lines = [(kind, frame_id) for kind, frame_id in context.trace.sql(
+        f"SELECT DISTINCT kind, frame_id FROM collectives WHERE {where}" + (" AND cause_id IS NULL" if context.trace.has_column("collectives", "cause_id") else ""),
+        tuple(params))]
+    return "Overlap communication with compute. " + overlap_advice(context, lines, run_cause_kinds(context)) + " Communicate in bfloat16 where the values allow it."
 
 
 def small_fix(context: AnalysisContext, where: str, params: Sequence[int], top: tuple[str, int | None] | None = None) -> str:
@@ -152,8 +150,9 @@ def small_fix(context: AnalysisContext, where: str, params: Sequence[int], top: 
                 "so that XLA's asynchronous collective-permute runs under that compute.")
     if kind is not None and collective_phases(context).moves_activations(kind, frame_id):
         return forward_fix(context, kind, frame_id)
-    return (f"Bucket them (the most calls are at {at}): a larger DDP `bucket_cap_mb`, or flatten small tensors into one before "
-            "reducing (torch.cat, one all_reduce, then split).")
+    ddp = any(cause.startswith("ddp") for cause in run_cause_kinds(context))
+    return (f"Bucket them (the most calls are at {at}): " + ("a larger DDP `bucket_cap_mb`, or " if ddp else "")
+            + "flatten small tensors into one before reducing (torch.cat, one all_reduce, then split).")
 
 
 

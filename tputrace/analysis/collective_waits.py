@@ -1,6 +1,7 @@
 """Asynchronous collectives whose result a rank did not wait for: a call made with `async_op=True` (or any user call
 whose Work, future or functional result the code holds) that was never waited on, or was first waited on only after
-the step it was issued in had ended.
+the step it was issued in had ended; and calls whose output tensor the code read before waiting on them
+(`collectives.read_early_frame_id`: the line of the first op, copy or print that read it in between).
 
 The recording keeps, for each of the user's own calls (no recorded cause: DDP's and FSDP's calls are waited on by
 their libraries), how long after the call its first wait came (`collectives.waited_after_ns`, NULL when none came).
@@ -29,6 +30,56 @@ class UnwaitedLine:
     calls: int
     never: int
     late: int
+
+
+@dataclass(frozen=True)
+class EarlyRead:
+    """A line that read the output of a user collective of one kind and line before the call's first wait."""
+
+    kind: str
+    frame_id: int | None  # the call's line
+    read_frame_id: int  # the reading line
+    reads: int
+    calls: int
+
+
+def early_read_findings(context: AnalysisContext) -> list[Finding]:
+    """One finding per reading line and call line: the tensor was read before the call that writes it was waited on."""
+    trace = context.trace
+    if trace.meta.get("imported") or not all(trace.has_column("collectives", column) for column in ("read_early_frame_id", "cause_id")):
+        return []
+    rows = trace.sql(
+        "SELECT kind, frame_id, read_early_frame_id, COUNT(*) FROM collectives WHERE rank = ? AND cause_id IS NULL "
+        "AND read_early_frame_id IS NOT NULL GROUP BY kind, frame_id, read_early_frame_id ORDER BY read_early_frame_id, frame_id",
+        (context.rank,))
+    calls = dict(((kind, frame_id), count) for kind, frame_id, count in trace.sql(
+        "SELECT kind, frame_id, COUNT(*) FROM collectives WHERE rank = ? AND cause_id IS NULL GROUP BY kind, frame_id", (context.rank,)))
+    return [_early_finding(context, EarlyRead(kind, frame_id, read_frame_id, reads, calls.get((kind, frame_id), reads)))
+            for kind, frame_id, read_frame_id, reads in rows]
+
+
+def _early_finding(context: AnalysisContext, read: EarlyRead) -> Finding:
+    at, where = context.where(read.read_frame_id), context.where(read.frame_id)
+    share = "every call" if read.reads == read.calls else f"{read.reads} of {plural(read.calls, 'call')}"
+    return Finding(
+        analyzer=NAME,
+        severity="warning",
+        title=f"{at} reads the result of the {read.kind} at {where} before waiting on it (rank {context.rank}, {share})",
+        explanation=(
+            f"Rank {context.rank} issued the {read.kind} at {where} asynchronously and, before the first wait on its Work, "
+            f"{at} read a tensor the call writes ({share}). Until the wait, the output is not defined: on a TPU the read may "
+            "see the tensor's old value or a partly reduced one, and each rank a different one. On the virtual chips of one "
+            "host the transport usually finishes first, so this run's values may not show it."
+        ),
+        suggestion=(
+            f"Call `wait()` on the {read.kind}'s Work before {at} (or move that read after the wait): keep only the compute "
+            "that does not touch the call's tensors between the call and the wait. Without such compute, drop `async_op=True`."
+        ),
+        cost_total_ns=0.0,
+        evidence=(context.evidence_at(f"{read.kind} issued here: {plural(read.calls, 'call')}", read.frame_id, table="collectives"),
+                  context.evidence_at(f"read before the wait: {share}", read.read_frame_id, table="collectives")),
+        **context.location_fields(read.read_frame_id),
+    )
 
 
 def unwaited_findings(context: AnalysisContext) -> list[Finding]:

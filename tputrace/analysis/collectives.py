@@ -22,7 +22,7 @@ from tputrace.analysis.collective_fixes import share_fix, small_fix
 from tputrace.analysis.collective_joins import joined_early
 from tputrace.analysis.collective_order import OutOfStep, out_of_step
 from tputrace.analysis.collective_shares import device_step_time_ns, step_share
-from tputrace.analysis.collective_waits import unwaited_findings
+from tputrace.analysis.collective_waits import early_read_findings, unwaited_findings
 from tputrace.analysis.collective_stragglers import RankWait, Straggler, has_causes, stragglers
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
@@ -208,7 +208,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     wait_by_rank, late, straggler = stragglers(context)
     not_divisible, uneven = _divisibility(context, where, params)
     findings.extend(finding for finding in (order_finding, straggler, uneven, joined_early(context)) if finding is not None)
-    findings.extend(unwaited_findings(context))
+    findings.extend(unwaited_findings(context) + early_read_findings(context))
     data = CollectivesData(count, tuple(rows), share, small_per_step, wait_by_rank, not_divisible, late, order)
     return AnalysisResult(NAME, data, tuple(findings))
 

@@ -31,6 +31,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from tputrace.analysis import sharding_ddp, sharding_failures, sharding_fsdp, sharding_outputs, sharding_plans, sharding_unsynced
+from tputrace.analysis.collective_overlap import overlap_advice
 from tputrace.analysis.collective_stragglers import shared_host
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
@@ -378,8 +379,9 @@ def _exposed(context: AnalysisContext, out: Collected, records: ShardingRecords,
                "says little about a TPU's: the finding is information, with no cost." if virtual else "")
         ),
         suggestion=(
-            "Start communication earlier so that compute hides it (FSDP2 prefetches the next group; DDP buckets fill during the "
-            "backward), and remove the collectives the other sharding findings name."
+            "Start communication earlier so that compute hides it, and remove the collectives the other findings name. "
+            + overlap_advice(context, {(c.kind, c.frame_id) for c in steady if c.cause_id is None},
+                             {records.causes[c.cause_id].kind or "" for c in steady if c.cause_id in records.causes})
         ),
         cost_total_ns=0.0 if virtual else hideable,
         cost_per_step_ns=None if virtual or not context.step_count else hideable / context.step_count,

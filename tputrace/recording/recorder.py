@@ -438,10 +438,12 @@ class Recorder(ShardingRecords, UserFrames):
         step: int,
         cause_id: int | None = None,
         waited_after_ns: int | None = None,
+        read_early_frame_id: int | None = None,
     ) -> None:
         """A collective finished (called from any thread). `start_ns` is a perf_counter time: when this
         rank's data entered the transport; `frame_id`, `step` and `cause_id` are those of the issuing call;
-        `waited_after_ns`: how long after `start_ns` the user's code first waited on it (None: never)."""
+        `waited_after_ns`: how long after `start_ns` the user's code first waited on it (None: never);
+        `read_early_frame_id`: the user's line that first read a tensor it writes before that wait."""
         if not self.window_open:
             return
         self.recorded_in_step |= step == self.step_index
@@ -449,7 +451,7 @@ class Recorder(ShardingRecords, UserFrames):
         writer.append(
             "collectives",
             (self.rank, kind, nbytes, dtype, writer.intern(group), writer.intern(ranks), frame_id, start_ns - self.t0, dur_ns, wait_ns, algorithm,
-             bus_bandwidth, step, cause_id, waited_after_ns),
+             bus_bandwidth, step, cause_id, waited_after_ns, read_early_frame_id),
         )
 
     def commit_soon(self) -> None:

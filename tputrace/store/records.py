@@ -293,6 +293,7 @@ class CollectiveRecord:
     step: int | None
     cause_id: int | None = None
     waited_after_ns: int | None = None
+    read_early: SourceLocation | None = None
 
 
 @dataclass(frozen=True, slots=True)

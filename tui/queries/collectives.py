@@ -1,4 +1,9 @@
-"""Collectives for the TUI: by kind and message size, and per rank (time and waiting for other ranks)."""
+"""Collectives for the TUI: by kind and message size, and per rank (time and waiting for other ranks).
+
+In a recorded run a group's or rank's time is the time it had a call in flight, and its waiting the time it had one
+waiting for the last rank's arrival (a call waits from its own arrival, `start_ns`, for `wait_ns`): asynchronous calls
+waited for together overlap, and each instant counts once, as in the summary. An import's rows (one per chip's call)
+are summed."""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tputrace.derived.text import shown
+from tputrace.store.aggregates import merged_ns
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -19,24 +25,61 @@ class CollectiveGroup:
     kind: str
     bytes: int | None
     count: int
-    total_ns: int
+    total_ns: int  # in flight (a recorded run's calls counted once where they overlap)
     wait_ns: int | None
     bus_bandwidth: float | None
+    calls_ns: int = 0  # the calls' durations summed: what the mean of a call is of
 
     @property
     def mean_ns(self) -> float:
-        return self.total_ns / self.count if self.count else 0.0
+        return self.calls_ns / self.count if self.count else 0.0
+
+
+@dataclass(frozen=True)
+class CollectiveTotals:
+    """A rank's collectives together: how many, the time one was in flight, and waiting (None: not measured)."""
+
+    count: int
+    total_ns: int
+    wait_ns: int | None
 
 
 def collective_groups(trace: Trace, rank: int) -> list[CollectiveGroup]:
     """Collectives of `rank` by kind and size, most time first; bandwidth is the mean bus bandwidth."""
     rows = trace.sql(
-        "SELECT kind, bytes, COUNT(*), COALESCE(SUM(dur_ns), 0) AS total_ns, SUM(wait_ns), "
-        "AVG(bus_bandwidth) FROM collectives WHERE rank = ? GROUP BY kind, bytes ORDER BY total_ns DESC",
+        "SELECT kind, bytes, COUNT(*), COALESCE(SUM(dur_ns), 0), SUM(wait_ns), AVG(bus_bandwidth) "
+        "FROM collectives WHERE rank = ? GROUP BY kind, bytes",
         (rank,),
     )
-    return [CollectiveGroup(shown(kind) or "?", nbytes, count, total_ns, wait_ns, bandwidth)
-            for kind, nbytes, count, total_ns, wait_ns, bandwidth in rows]
+    once = _in_flight(trace, "rank = ?", (rank,), "kind, bytes")
+    groups = []
+    for kind, nbytes, count, calls_ns, wait_ns, bandwidth in rows:
+        in_flight, waiting = once.get((kind, nbytes), (calls_ns, wait_ns or 0))
+        groups.append(CollectiveGroup(shown(kind) or "?", nbytes, count, in_flight, None if wait_ns is None else waiting, bandwidth, calls_ns))
+    return sorted(groups, key=lambda group: -group.total_ns)
+
+
+def collective_totals(trace: Trace, rank: int) -> CollectiveTotals:
+    """All of `rank`'s collectives: in a recorded run, the time any was in flight and any waited."""
+    ((count, calls_ns, wait_ns),) = trace.sql(
+        "SELECT COUNT(*), COALESCE(SUM(dur_ns), 0), SUM(wait_ns) FROM collectives WHERE rank = ?", (rank,))
+    in_flight, waiting = _in_flight(trace, "rank = ?", (rank,), "rank").get((rank,), (calls_ns, wait_ns or 0))
+    return CollectiveTotals(count, in_flight, None if wait_ns is None else waiting)
+
+
+def _in_flight(trace: Trace, where: str, params: tuple, by: str) -> dict[tuple, tuple[int, int]]:
+    """Per `by` group of the collectives `where` selects, the time a call was in flight and the time one waited, each
+    instant once; empty for an import, whose rows are summed."""
+    if trace.meta.get("imported"):
+        return {}
+    spans: dict[tuple, list[tuple[int, int]]] = {}
+    waits: dict[tuple, list[tuple[int, int]]] = {}
+    for *key, start_ns, end_ns, wait_ns in trace.sql(
+            f"SELECT {by}, start_ns, start_ns + COALESCE(dur_ns, 0), COALESCE(wait_ns, 0) FROM collectives "
+            f"WHERE {where} AND start_ns IS NOT NULL ORDER BY start_ns", params):
+        spans.setdefault(tuple(key), []).append((start_ns, end_ns))
+        waits.setdefault(tuple(key), []).append((start_ns, start_ns + wait_ns))
+    return {key: (merged_ns(intervals), merged_ns(waits[key])) for key, intervals in spans.items()}
 
 
 @dataclass(frozen=True)
@@ -56,5 +99,10 @@ def collective_ranks(trace: Trace) -> list[RankCollectives]:
         "SELECT rank, COUNT(*), COALESCE(SUM(dur_ns), 0), SUM(wait_ns), SUM(bytes) "
         "FROM collectives GROUP BY rank ORDER BY rank"
     )
-    return [RankCollectives(*row) for row in rows]
+    once = _in_flight(trace, "1", (), "rank")
+    ranks = []
+    for rank, count, calls_ns, wait_ns, nbytes in rows:
+        in_flight, waiting = once.get((rank,), (calls_ns, wait_ns or 0))
+        ranks.append(RankCollectives(rank, count, in_flight, None if wait_ns is None else waiting, nbytes))
+    return ranks
 
