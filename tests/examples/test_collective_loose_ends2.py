@@ -93,6 +93,10 @@ def test_exposed_communication_of_gradients_reduced_by_hand_gets_no_ddp_advice(t
     advice = exposed[0].suggestion
     assert not [text for text in ("DDP", "bucket_cap_mb", "no_sync", "FSDP") if text in advice], advice
     assert f"reduced by hand at {script.name}:{line}" in advice and "register_post_accumulate_grad_hook" in advice
+    # Each call cuts the step's fused program: the cut's advice names no DDP either.
+    (cut,) = [finding for finding in report.findings if finding.title.startswith("Fragmented fusion")]
+    assert "one flattened all-reduce" in cut.suggestion, cut.suggestion
+    assert not [text for text in ("DDP buckets", "bucket_cap_mb", "no_sync") if text in cut.suggestion], cut.suggestion
 
 
 def test_the_collectives_view_counts_calls_in_flight_together_once(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from tputrace.analysis import unrolled_loops
 from tputrace.analysis.call_sites import line_text
 from tputrace.analysis.collective_phases import collective_phases
+from tputrace.analysis.collective_overlap import run_cause_kinds
 from tputrace.analysis.context import AnalysisContext, in_list, outside_fallbacks
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.analysis.item_fixes import item_spelling
@@ -57,6 +58,9 @@ SUGGESTIONS: dict[str, str] = {
 COLLECTIVE_SUGGESTIONS: dict[str, str] = {
     "all_reduce": ("each all-reduce ends the pending fused program, whose results it sends: issue fewer a step (one flattened "
                    "all-reduce rather than one per tensor, larger DDP buckets, `no_sync()` while accumulating gradients)"),
+    "by_hand": ("each all-reduce ends the pending fused program, whose results it sends: issue fewer a step (one flattened "
+                "all-reduce rather than one per tensor, or DistributedDataParallel, whose buckets reduce the gradients in a "
+                "few large calls)"),
     "activations": ("each all-reduce ends the pending fused program, whose results it sends; these move the model's "
                     "activations in its forward pass (tensor parallelism) and their backward's mirror, not gradients: issue "
                     "fewer a step (one per block, a column-parallel layer feeding a row-parallel one)"),
@@ -213,7 +217,10 @@ def _collective_hint(context: AnalysisContext, frame_id: int | None) -> str:
     if sharded > reduced:
         return COLLECTIVE_SUGGESTIONS["sharded"]
     if reduced:
-        return COLLECTIVE_SUGGESTIONS["activations" if collective_phases(context).moves_activations("all_reduce", frame_id) else "all_reduce"]
+        if collective_phases(context).moves_activations("all_reduce", frame_id):
+            return COLLECTIVE_SUGGESTIONS["activations"]
+        ddp = any(kind.startswith("ddp") for kind in run_cause_kinds(context))
+        return COLLECTIVE_SUGGESTIONS["all_reduce" if ddp else "by_hand"]
     return SUGGESTIONS["collective"]
 
 
