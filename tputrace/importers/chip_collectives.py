@@ -10,14 +10,17 @@ chip's wait is the last arrival of its group less its own arrival, at most its c
 reckons the ranks' waits; a collective permute's chips each wait for their own source, not a group, so its waits
 stay unknown. Each row's message size and element type are those its instruction's shapes in the HLO
 give (`hlo_collectives`), where the HLO has them (the event's `bytes_accessed`, what the op read and wrote in memory,
-stands for the size only where it has not). The rows are kept until the rank's planes have all been read (a chip's calls are on its
-own plane, or on the host threads that ran its ops)."""
+stands for the size only where it has not). The calls are kept until the rank's planes have all been read (a chip's calls are on its
+own plane, or on the host threads that ran its ops), as columns of 8-byte integers (about 60 bytes a call, where a
+row's tuple cost about 350), and the rows are made a batch at a time once the waits are known."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import numpy as np
 
 from tputrace.importers.hlo_collectives import CollectiveSize
 
@@ -27,48 +30,82 @@ CallKey = tuple[int | None, str, int | None]
 CollectiveHlo = tuple[tuple[tuple[int, ...], ...] | None, CollectiveSize | None]
 HloOf = Callable[[int | None, str], CollectiveHlo]
 
-_KIND, _BYTES, _DTYPE, _START, _DUR, _WAIT = 1, 2, 3, 7, 8, 9  # the `collectives` row's kind, bytes, dtype, start_ns, dur_ns, wait_ns
 _POINT_TO_POINT = frozenset(("collective_permute",))
 """Kinds whose chips each wait for their own source, not for a group: their waits stay unknown."""
+_BATCH = 1 << 16  # rows made at a time
 
 
 class ChipCollectives:
-    """A rank's collective rows with the chip and call each belongs to, until their waits are known."""
+    """A rank's collective calls with the chip and call each belongs to, until their waits are known."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[CallKey, int, tuple[Any, ...]]] = []
+        self._clear()
 
-    def add(self, key: CallKey, chip: int, row: tuple[Any, ...]) -> None:
-        self.calls.append((key, chip, row))
+    def _clear(self) -> None:
+        self.keys: dict[CallKey, int] = {}  # a call's key -> its number
+        self.kinds: dict[str, int] = {}  # a collective's kind -> its number
+        # Per call: its key's number, chip, kind's number, bytes accessed (0: unknown), frame id (-1: none), start
+        # and duration (ns) and step.
+        self.columns = tuple(array("q") for _ in range(8))
 
-    def rows(self, hlo_of: HloOf) -> list[tuple[Any, ...]]:
-        """The rows, each with its size from the HLO and its chip's wait where its call ran on another chip of its
-        group too."""
-        rows = [row for _, _, row in self.calls]
-        by_key: dict[CallKey, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
-        for index, (key, chip, _) in enumerate(self.calls):
-            by_key[key][chip].append(index)
+    def add(self, key: CallKey, chip: int, kind: str, nbytes: int | None, frame_id: int | None, start_ns: int,
+            dur_ns: int, step: int) -> None:
+        number = self.keys.get(key)
+        if number is None:
+            number = self.keys[key] = len(self.keys)
+        kind_number = self.kinds.get(kind)
+        if kind_number is None:
+            kind_number = self.kinds[kind] = len(self.kinds)
+        for column, value in zip(self.columns, (number, chip, kind_number, nbytes or 0,
+                                                -1 if frame_id is None else frame_id, start_ns, dur_ns, step)):
+            column.append(value)
+
+    def write(self, extend: Callable[[str, list[tuple[Any, ...]]], None], rank: int, hlo_of: HloOf) -> None:
+        """Hand rank `rank`'s `collectives` rows to `extend` (with the table's name), a batch at a time, in the order
+        their calls were added, each with its size from the HLO and its chip's wait where its call ran on another chip
+        of its group too; then forget the calls."""
+        for rows in self._rows(rank, hlo_of):
+            extend("collectives", rows)
+        self._clear()
+
+    def _rows(self, rank: int, hlo_of: HloOf) -> Iterator[list[tuple[Any, ...]]]:
+        key_of, chip_of, kind_of, nbytes_of, frame_of, start_of, dur_of, step_of = (
+            np.frombuffer(column, dtype=np.int64) if len(column) else np.zeros(0, dtype=np.int64)
+            for column in self.columns)
+        kinds = list(self.kinds)
+        waits = np.full(len(key_of), -1, dtype=np.int64)  # -1: unknown
+        sizes: dict[int, CollectiveSize] = {}  # a key's number -> its size from the HLO
         known: dict[tuple[int | None, str], CollectiveHlo] = {}  # (program, op) -> its groups and size
-        for key, by_chip in by_key.items():
+        # Each key's calls, by chip, each chip's in start order (ties in the order they were added).
+        order = np.lexsort((start_of, chip_of, key_of))
+        cuts = np.flatnonzero(np.diff(key_of[order])) + 1
+        for key, calls in zip(self.keys, np.split(order, cuts) if len(order) else []):
             op = (key[0], key[1])
             if op not in known:
                 known[op] = hlo_of(*op)
             groups, size = known[op]
             if size is not None:
-                for index in (index for indices in by_chip.values() for index in indices):
-                    rows[index] = (*rows[index][:_BYTES], size.nbytes, size.dtype, *rows[index][_DTYPE + 1:])
-            if len(by_chip) < 2 or rows[next(iter(by_chip.values()))[0]][_KIND] in _POINT_TO_POINT:
+                sizes[int(key_of[calls[0]])] = size
+            chip_cuts = np.flatnonzero(np.diff(chip_of[calls])) + 1
+            if not len(chip_cuts) or kinds[int(kind_of[calls[0]])] in _POINT_TO_POINT:
                 continue
+            by_chip = dict(zip(chip_of[calls][np.concatenate(([0], chip_cuts))].tolist(), np.split(calls, chip_cuts)))
             for members in _chip_groups(set(by_chip), groups):
-                calls = [sorted(by_chip[chip], key=lambda index: int(rows[index][_START])) for chip in members]
-                for matched in zip(*calls):
-                    last = max(int(rows[index][_START]) for index in matched)
-                    for index in matched:
-                        row = rows[index]
-                        wait = max(0, min(last - int(row[_START]), int(row[_DUR])))
-                        rows[index] = (*row[:_WAIT], wait, *row[_WAIT + 1:])
-        self.calls = []
-        return rows
+                matched = min(len(by_chip[chip]) for chip in members)
+                # One row per chip, one column per call: the k-th call of each chip is one call.
+                indices = np.stack([by_chip[chip][:matched] for chip in members])
+                starts = start_of[indices]
+                waits[indices] = np.maximum(0, np.minimum(starts.max(axis=0) - starts, dur_of[indices]))
+        for first in range(0, len(key_of), _BATCH):
+            batch = slice(first, first + _BATCH)
+            yield [(rank, kinds[kind], *((size.nbytes, size.dtype) if size is not None else (nbytes or None, None)),
+                    None, None, None if frame < 0 else frame, start, dur, None if wait < 0 else wait, None, None,
+                    step, None)
+                   for key, kind, nbytes, frame, start, dur, wait, step in zip(
+                       key_of[batch].tolist(), kind_of[batch].tolist(), nbytes_of[batch].tolist(),
+                       frame_of[batch].tolist(), start_of[batch].tolist(), dur_of[batch].tolist(),
+                       waits[batch].tolist(), step_of[batch].tolist())
+                   for size in (sizes.get(key),)]
 
 
 def _chip_groups(chips: set[int], groups: tuple[tuple[int, ...], ...] | None) -> list[list[int]]:

@@ -573,7 +573,7 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         return frame_id
 
     def _finish_programs(self) -> None:
-        self.sink.extend("collectives", self.chip_calls.rows(self._collective_hlo))
+        self.chip_calls.write(self.sink.extend, self.rank, self._collective_hlo)
         for program in self.programs.values():
             name_sid = self.writer.intern(program.name)
             structure = re.sub(r"\(\d+\)$", "", program.name)

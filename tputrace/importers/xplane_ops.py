@@ -179,9 +179,9 @@ class OpRows:
             for index in np.flatnonzero(collective_ops[meta_of_event]).tolist():
                 meta = metas[meta_of_event[index]]
                 key = (program_ids[meta_of_event[index]], meta.name, int(run_ids[index]) if has_run[index] else None)
-                self.chip_calls.add(key, chips[index], (
-                    self.rank, COLLECTIVE_CATEGORIES[str(meta.category)], int(meta.bytes_accessed) or None, None, None,
-                    None, meta.frame_id, starts_ns[index], durations_ns[index], None, None, None, steps[index], None))
+                self.chip_calls.add(key, chips[index], COLLECTIVE_CATEGORIES[str(meta.category)],
+                                    int(meta.bytes_accessed), meta.frame_id, starts_ns[index], durations_ns[index],
+                                    steps[index])
         self._program_ops(events)
 
     def _program_ops(self, events: OpEvents) -> None:

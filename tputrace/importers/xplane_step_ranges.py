@@ -24,11 +24,34 @@ TopRange = tuple[int, int, str, bool]
 
 @dataclass
 class LineRanges:
-    """A host line's top-level TraceMe ranges (user-named ones only) and how many jitted calls and launches it made."""
+    """A host line's top-level TraceMe ranges (user-named ones only) and how many jitted calls and launches it made.
+    The ranges are kept as blocks of integer columns (32 bytes a range; a capture's worker threads can hold a range
+    per collective) and made tuples only for the lines that `TraceMeRanges.steps` reads."""
 
-    ranges: list[TopRange] = field(default_factory=list)
     calls: int = 0  # JAX's jitted calls (`PjitFunction(step)`), made on the thread running the user's Python
     work: int = 0  # those and the program launches
+    names: dict[str, int] = field(default_factory=dict)  # a range's name -> its number
+    # (4, n) int64 blocks: start ns, end ns, the name's number, whether it holds a jitted call or launch (1 or 0).
+    blocks: list[np.ndarray] = field(default_factory=list)
+
+    def add(self, starts: np.ndarray, ends: np.ndarray, names: list[str], name_of_range: np.ndarray,
+            holds: np.ndarray) -> None:
+        """Add ranges, each named by `names[name_of_range[i]]`."""
+        if not len(starts):
+            return
+        numbers = np.array([self.names.setdefault(name, len(self.names)) for name in names], dtype=np.int64)
+        self.blocks.append(np.stack([starts, ends, numbers[name_of_range], holds.astype(np.int64)]))
+
+    def extend(self, other: LineRanges, offset: int) -> None:
+        """Add `other`'s ranges, moved by `offset` ns."""
+        names = list(other.names)
+        for block in other.blocks:
+            self.add(block[0] + offset, block[1] + offset, names, block[2], block[3])
+
+    def ranges(self) -> list[TopRange]:
+        names = list(self.names)
+        return [(start, end, names[number], bool(holds)) for block in self.blocks
+                for start, end, number, holds in zip(*block.tolist())]
 
 
 def top_level(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -52,9 +75,8 @@ def line_ranges(starts: np.ndarray, ends: np.ndarray, metadata_ids: np.ndarray, 
     kept = top[np.isin(top_ids, user_ids)]
     kept_starts, kept_ends = starts[kept], ends[kept]
     holds = np.searchsorted(work_starts, kept_starts) < np.searchsorted(work_starts, kept_ends, side="right")
-    names = {key: name_of(key) for key in user_ids}
-    found.ranges = [(start, end, names[key], hold) for start, end, key, hold in zip(
-        kept_starts.tolist(), kept_ends.tolist(), metadata_ids[kept].tolist(), holds.tolist())]
+    found.add(kept_starts, kept_ends, [name_of(key) for key in user_ids],
+              np.searchsorted(np.array(user_ids, dtype=metadata_ids.dtype), metadata_ids[kept]), holds)
     return found
 
 
@@ -68,7 +90,7 @@ class TraceMeRanges:
     def add(self, session: int, plane: str, line: str, ranges: LineRanges, offset: int = 0) -> None:
         """Add a line's ranges of session `session`, moved by `offset` ns (onto the Unix clock)."""
         entry = self.lines.setdefault((session, plane, line), LineRanges())
-        entry.ranges += [(start + offset, end + offset, name, holds) for start, end, name, holds in ranges.ranges]
+        entry.extend(ranges, offset)
         entry.calls += ranges.calls
         entry.work += ranges.work
 
@@ -91,12 +113,11 @@ class TraceMeRanges:
         main = max(threads, key=lambda thread: (*threads[thread], thread[1] == "python"))
         durations: dict[tuple[str, str, str], list[int]] = {}  # (plane, line, name) -> each occurrence's length
         holding: set[tuple[str, str, str]] = set()  # those of which an occurrence holds a jitted call or launch
-        keys = range_keys(name for (_, plane, line), ranges in self.lines.items() if (plane, line) == main
-                          for _, _, name, _ in ranges.ranges)
-        for (_, plane, line), ranges in self.lines.items():
-            if (plane, line) != main:
-                continue
-            for start, end, name, holds in ranges.ranges:
+        main_ranges = [ranges.ranges() for (_, plane, line), ranges in self.lines.items() if (plane, line) == main]
+        keys = range_keys(name for tops in main_ranges for _, _, name, _ in tops)
+        plane, line = main
+        for tops in main_ranges:
+            for start, end, name, holds in tops:
                 durations.setdefault((plane, line, keys[name]), []).append(end - start)
                 if holds or not threads[main][1]:
                     holding.add((plane, line, keys[name]))
@@ -109,7 +130,7 @@ class TraceMeRanges:
         names = []
         for (_, other_plane, other_line), ranges in sorted(self.lines.items()):
             if (other_plane, other_line) == (plane, line):
-                chosen = [(start, end, other) for start, end, other, _ in sorted(ranges.ranges) if keys[other] == family]
+                chosen = [(start, end, other) for start, end, other, _ in sorted(ranges.ranges()) if keys[other] == family]
                 names += [other for _, _, other in chosen]
                 _contiguous(markers, [(start, end) for start, end, _ in chosen])
         return family_label(names), markers
