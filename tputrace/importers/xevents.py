@@ -11,6 +11,7 @@ the protobuf classes instead, into the same columns; so are the events whose sta
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,19 @@ INT64_VALUE = 0x20
 REF_VALUE = 0x38
 _INTEGER_VALUES = (UINT64_VALUE, INT64_VALUE, REF_VALUE)
 _PADDING = bytes(16)  # a varint cut at a run's end stops at a zero byte, past the event it was read for
+_FEW_IDS = 16
+
+
+def isin_few(values: np.ndarray, ids: Iterable[Any]) -> np.ndarray:
+    """`np.isin(values, ids)`, made of one comparison per id where the ids are few: numpy's own builds a lookup
+    table or sorts, ten to twenty times the cost for a handful of ids (the stats or metadata asked for)."""
+    wanted = ids if isinstance(ids, np.ndarray) else list(ids)
+    if len(wanted) > _FEW_IDS:
+        return np.isin(values, wanted)
+    found = np.zeros(len(values), dtype=bool)
+    for key in wanted:
+        found |= values == key
+    return found
 
 
 @dataclass
@@ -61,7 +75,7 @@ class EventColumns:
         """Indices of the events that carry a stat whose metadata id is in `stat_ids` (ascending)."""
         if not stat_ids:
             return np.zeros(0, dtype=np.int64)
-        events = self.stat_event[np.isin(self.stat_id, list(stat_ids))]
+        events: np.ndarray = self.stat_event[isin_few(self.stat_id, stat_ids)]
         # `stat_event` ascends, so an event's stats are adjacent: its first one marks it.
         return events[np.concatenate(([True], events[1:] != events[:-1]))] if len(events) else events
 
@@ -71,10 +85,10 @@ class EventColumns:
         where one holds a value of another kind (read those through `message`)."""
         if self._data is None or self.stat_value_at is None or self.stat_end is None:
             return None
-        chosen = np.flatnonzero(np.isin(self.stat_id, stat_ids))
+        chosen = np.flatnonzero(isin_few(self.stat_id, stat_ids))
         at, end = self.stat_value_at[chosen], self.stat_end[chosen]
         kinds = self._data[at]
-        if ((at >= end) | ~np.isin(kinds, _INTEGER_VALUES)).any():
+        if ((at >= end) | ~isin_few(kinds, _INTEGER_VALUES)).any():
             return None
         decoded = _varints(self._data, at + 1)
         if decoded is None or (decoded[1] != end).any():

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from tputrace.importers.hlo_metadata import UserFileFrames, is_library
-from tputrace.importers.xevents import EventColumns
+from tputrace.importers.xevents import EventColumns, isin_few
 
 COMPILE_EVENTS = frozenset(("backend_compile_and_load", "backend_compile"))
 CLIENT_COMPILE = re.compile(r"^PjRt\w*Client::Compile$")
@@ -81,7 +81,7 @@ class CompileSpans:
         if not unnamed:
             return
         for call_line, columns in read:
-            chosen = np.flatnonzero(np.isin(columns.metadata_id, list(call_line.names)))
+            chosen = np.flatnonzero(isin_few(columns.metadata_id, list(call_line.names)))
             starts = call_line.line.timestamp_ns + columns.offset_ps[chosen] // 1000
             ends = starts + columns.duration_ps[chosen] // 1000
             around = np.zeros(len(chosen), dtype=bool)

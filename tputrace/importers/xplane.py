@@ -48,7 +48,7 @@ from tputrace.importers.xplane_host_ops import HostOps
 from tputrace.importers.xplane_step_ranges import TraceMeRanges, line_ranges
 from tputrace.importers.xplane_streams import HOST_OP_STATS, StreamLines
 from tputrace.importers.xla_ops import LineNesting, collective_category
-from tputrace.importers.xevents import EventColumns, decode_run, int_stat_columns, int_stats
+from tputrace.importers.xevents import EventColumns, decode_run, int_stat_columns, int_stats, isin_few
 from tputrace.importers.xstats import StatDecoder, plane_stat
 
 _DEVICE_PLANE = re.compile(r"^/device:([A-Z]+)[^:]*:(\d+)$")
@@ -306,8 +306,8 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
                 # The second pass reads a line's stats only for its XLA ops: a line without any, whose stats decoded
                 # from the wire here, is read there without them.
                 has_ops = has_ops or columns.from_messages or bool(len(op_events))
-                has_calls = has_calls or bool(calls and np.isin(columns.metadata_id, list(calls)).any())
-                for index in np.flatnonzero(np.isin(columns.metadata_id, watched)).tolist():
+                has_calls = has_calls or bool(calls and isin_few(columns.metadata_id, list(calls)).any())
+                for index in np.flatnonzero(isin_few(columns.metadata_id, watched)).tolist():
                     metadata_id = int(columns.metadata_id[index])
                     start = base_ns + int(columns.offset_ps[index]) // 1000
                     span = (start, start + int(columns.duration_ps[index]) // 1000)
@@ -326,14 +326,14 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
                 launched[columns.with_stat(run_ids)] = True
                 launched[op_events] = False
                 self._launches(columns, np.flatnonzero(launched), run_ids, base_ns, launches)
-                traceme = ~np.isin(columns.metadata_id, frame_ids)
+                traceme = ~isin_few(columns.metadata_id, frame_ids)
                 traceme[op_events] = False
                 window_starts = base_ns + columns.offset_ps // 1000
                 if single_ids:
                     singles.scan(columns, window_starts, op_events, (run_ids, device_ids, single_ids))
                 tracemes.append(np.stack((window_starts, window_starts + columns.duration_ps // 1000,
                                           columns.metadata_id))[:, traceme])
-                called = np.isin(columns.metadata_id, list(calls))
+                called = isin_few(columns.metadata_id, list(calls))
                 call_count += int(called.sum())
                 work.append(window_starts[launched | called])
                 marked = columns.with_stat(step_ids)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from tputrace.importers.xevents import REF_VALUE, UINT64_VALUE, EventColumns
+from tputrace.importers.xevents import REF_VALUE, UINT64_VALUE, EventColumns, isin_few
 from tputrace.importers.xla_ops import LineNesting
 from tputrace.importers.xplane_ops import OpEvents, OpMeta, group_rows
 from tputrace.importers.xplane_runs import U64
@@ -101,12 +101,12 @@ class HostOps:
         if table is None:
             return None
         stat_events, stat_ids, kinds, numbers = table
-        kept = np.isin(stat_events, events)
+        kept = isin_few(stat_events, events)
         stat_events, stat_ids, kinds, numbers = stat_events[kept], stat_ids[kept], kinds[kept], numbers[kept]
         positions = np.searchsorted(events, stat_events)
         present, kinds_of, numbers_of = {}, {}, {}
         for name in HOST_OP_STATS:
-            chosen = np.isin(stat_ids, [key for key, stat in self.host_op_stats.items() if stat == name])
+            chosen = isin_few(stat_ids, [key for key, stat in self.host_op_stats.items() if stat == name])
             at = positions[chosen]  # ascending
             if (at[1:] == at[:-1]).any():
                 return None

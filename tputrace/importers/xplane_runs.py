@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tputrace.importers.xevents import EventColumns, int_stat_columns, int_stats
+from tputrace.importers.xevents import EventColumns, int_stat_columns, int_stats, isin_few
 
 # Run ids are compared as unsigned 64-bit integers (a producer may write them as int64 or uint64).
 U64 = 1 << 64
@@ -177,7 +177,7 @@ class SingleDeviceLaunches:
         """Add some events' single-device launches (`starts` are the events'), and their ops' (`op_events`) runs
         and devices; the ids are those of the `run_id` and `device_ordinal` stats and of the launches' metadata."""
         run_ids, device_ids, single_ids = stat_and_event_ids
-        self.starts.extend(starts[np.isin(columns.metadata_id, single_ids)].tolist())
+        self.starts.extend(starts[isin_few(columns.metadata_id, single_ids)].tolist())
         runs = int_stat_columns(columns, op_events, run_ids) if len(op_events) and run_ids else None
         if runs is not None:
             _, numbers, has = runs

@@ -15,6 +15,7 @@ import numpy as np
 
 from tputrace.importers.range_names import OWN_TRACEME, family_label, range_keys
 from tputrace.importers.step_markers import StepMarkers
+from tputrace.importers.xevents import isin_few
 
 _MIN_REPEATS = 2
 
@@ -72,7 +73,7 @@ def line_ranges(starts: np.ndarray, ends: np.ndarray, metadata_ids: np.ndarray, 
     top = top_level(starts, ends)
     top_ids = metadata_ids[top]
     user_ids = [key for key in np.unique(top_ids).tolist() if not OWN_TRACEME.search(name_of(key))]
-    kept = top[np.isin(top_ids, user_ids)]
+    kept = top[isin_few(top_ids, user_ids)]
     kept_starts, kept_ends = starts[kept], ends[kept]
     holds = np.searchsorted(work_starts, kept_starts) < np.searchsorted(work_starts, kept_ends, side="right")
     found.add(kept_starts, kept_ends, [name_of(key) for key in user_ids],
