@@ -2,7 +2,9 @@
 at capture sizes ten times apart (so that one sees whether memory grows with the capture).
 
 Captures are real, made here, then scaled: `jax.profiler.trace` of some steps of a jitted training step
-(XProf `xplane.pb`, XLA:CPU) and torch.profiler's Chrome JSON of some training steps of a small CPU model;
+(XProf `xplane.pb`, XLA:CPU), the same of a step sharded over 4 XLA:CPU devices whose gradient goes through 16
+all-reduces (collectives held until the rank ends, to match each chip's calls) and torch.profiler's Chrome JSON of
+some training steps of a small CPU model;
 each capture's events are repeated, shifted by the capture's span each time, until it holds the wanted
 number of events (ProfilerStep numbers keep counting, XLA program runs get run ids of their own). Each import runs in a fresh process; its CPU time
 is that process's user + system time (the writer's thread included), its wall time the import call's, its
@@ -56,6 +58,32 @@ JAX_CAPTURE = textwrap.dedent("""
                 w = step(w, x)
         w.block_until_ready()
 """)
+
+# The same on 4 virtual XLA:CPU devices, the gradient through 16 all-reduces a step (a collective in about 30 events).
+JAX_CHIPS_CAPTURE = textwrap.dedent("""
+    import sys, jax, jax.numpy as jnp
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    mesh = Mesh(jax.devices(), ("d",))
+
+    @jax.jit
+    def step(w, x):
+        def shard(w, x):
+            grad = jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w)
+            for _ in range(16):
+                grad = jnp.tanh(jax.lax.psum(grad, "d"))
+            return w - 0.1 * grad
+        return jax.shard_map(shard, mesh=mesh, in_specs=(P(), P("d")), out_specs=P())(w, x)
+
+    w, x = jnp.ones((32, 32)), jnp.ones((32, 32))
+    step(w, x).block_until_ready()
+    with jax.profiler.trace(sys.argv[1]):
+        for i in range(int(sys.argv[2])):
+            with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                w = step(w, x)
+        w.block_until_ready()
+""")
+CHIPS_ENV = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
 
 TORCH_CAPTURE = textwrap.dedent("""
     import sys, torch
@@ -172,10 +200,11 @@ sys.path.insert(0, str(ROOT))
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def _capture(script: str, target: Path, steps: int, folder: Path) -> None:
+def _capture(script: str, target: Path, steps: int, folder: Path, env: dict[str, str] | None = None) -> None:
     path = folder / "capture.py"
     path.write_text(script)
-    subprocess.run([sys.executable, str(path), str(target), str(steps)], check=True, capture_output=True)
+    subprocess.run([sys.executable, str(path), str(target), str(steps)], check=True, capture_output=True,
+                   env={**os.environ, **(env or {})})
 
 
 def scale_chrome_json(seed: Path, target: Path, events: int) -> int:
@@ -344,7 +373,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, nargs="+", default=[100_000, 1_000_000],
                         help="capture sizes in events")
     parser.add_argument("--more-xprof-events", type=int, nargs="*", default=[],
-                        help="further sizes for the XProf capture only (a JSON capture of 10^7 events is ~4 GB)")
+                        help="further sizes for the XProf captures only (a JSON capture of 10^7 events is ~4 GB)")
     parser.add_argument("--repeats", type=int, default=3, help="imports per capture and code (medians are shown)")
     parser.add_argument("--baseline", help="git ref whose importer also imports each capture (before and after)")
     args = parser.parse_args()
@@ -360,10 +389,13 @@ def main() -> None:
             baseline = _export(args.baseline, folder / "baseline")
             codes.insert(0, (f"`{args.baseline}`", baseline))
         _capture(JAX_CAPTURE, folder / "seed-logdir", SEED_STEPS, folder)
+        _capture(JAX_CHIPS_CAPTURE, folder / "chips-logdir", SEED_STEPS, folder, CHIPS_ENV)
         _capture(TORCH_CAPTURE, folder / "seed.json", SEED_STEPS, folder)
         seed_xplane = next((folder / "seed-logdir").rglob("*.xplane.pb"))
         for fmt, seed, scale, name in (
                 ("XProf xplane.pb (jax.profiler)", seed_xplane, scale_xplane, "host.xplane.pb"),
+                ("XProf xplane.pb, 4 chips, all-reduces", next((folder / "chips-logdir").rglob("*.xplane.pb")),
+                 scale_xplane, "chips.xplane.pb"),
                 ("torch.profiler JSON", folder / "seed.json", scale_chrome_json, "profile.json")):
             for wanted in args.events + (args.more_xprof_events if scale is scale_xplane else []):
                 capture = folder / f"{wanted}-{name}"
@@ -377,7 +409,7 @@ def main() -> None:
                 table = differing_table(*outputs) if len(outputs) > 1 else None
                 if table:
                     differing.append(f"{fmt}, {events:,} events (`{table}`)")
-                if scale is scale_xplane and wanted == STAGE_EVENTS:
+                if fmt.endswith("(jax.profiler)") and wanted == STAGE_EVENTS:
                     stages = _stages(capture, outputs[-1], events, measured["cpu_s"], startup_s)
                 if scale is scale_chrome_json and wanted == STAGE_EVENTS:
                     json_stages = _json_stages(capture, outputs[-1], events, measured["cpu_s"], startup_s)

@@ -69,33 +69,11 @@ class ChipCollectives:
         self._clear()
 
     def _rows(self, rank: int, hlo_of: HloOf) -> Iterator[list[tuple[Any, ...]]]:
-        key_of, chip_of, kind_of, nbytes_of, frame_of, start_of, dur_of, step_of = (
+        key_of, _, kind_of, nbytes_of, frame_of, start_of, dur_of, step_of = (
             np.frombuffer(column, dtype=np.int64) if len(column) else np.zeros(0, dtype=np.int64)
             for column in self.columns)
         kinds = list(self.kinds)
-        waits = np.full(len(key_of), -1, dtype=np.int64)  # -1: unknown
-        sizes: dict[int, CollectiveSize] = {}  # a key's number -> its size from the HLO
-        known: dict[tuple[int | None, str], CollectiveHlo] = {}  # (program, op) -> its groups and size
-        # Each key's calls, by chip, each chip's in start order (ties in the order they were added).
-        order = np.lexsort((start_of, chip_of, key_of))
-        cuts = np.flatnonzero(np.diff(key_of[order])) + 1
-        for key, calls in zip(self.keys, np.split(order, cuts) if len(order) else []):
-            op = (key[0], key[1])
-            if op not in known:
-                known[op] = hlo_of(*op)
-            groups, size = known[op]
-            if size is not None:
-                sizes[int(key_of[calls[0]])] = size
-            chip_cuts = np.flatnonzero(np.diff(chip_of[calls])) + 1
-            if not len(chip_cuts) or kinds[int(kind_of[calls[0]])] in _POINT_TO_POINT:
-                continue
-            by_chip = dict(zip(chip_of[calls][np.concatenate(([0], chip_cuts))].tolist(), np.split(calls, chip_cuts)))
-            for members in _chip_groups(set(by_chip), groups):
-                matched = min(len(by_chip[chip]) for chip in members)
-                # One row per chip, one column per call: the k-th call of each chip is one call.
-                indices = np.stack([by_chip[chip][:matched] for chip in members])
-                starts = start_of[indices]
-                waits[indices] = np.maximum(0, np.minimum(starts.max(axis=0) - starts, dur_of[indices]))
+        waits, sizes = self._waits(hlo_of) if len(key_of) else (key_of, {})
         for first in range(0, len(key_of), _BATCH):
             batch = slice(first, first + _BATCH)
             yield [(rank, kinds[kind], *((size.nbytes, size.dtype) if size is not None else (nbytes or None, None)),
@@ -106,6 +84,66 @@ class ChipCollectives:
                        frame_of[batch].tolist(), start_of[batch].tolist(), dur_of[batch].tolist(),
                        waits[batch].tolist(), step_of[batch].tolist())
                    for size in (sizes.get(key),)]
+
+    def _waits(self, hlo_of: HloOf) -> tuple[np.ndarray, dict[int, CollectiveSize]]:
+        """Each call's wait (-1: unknown), and each key's size from the HLO (by its number) where it has one."""
+        key_of, chip_of, kind_of, start_of, dur_of = (np.frombuffer(self.columns[column], dtype=np.int64)
+                                                      for column in (0, 1, 2, 5, 6))
+        # Each key's calls by chip (a segment), each chip's in start order (ties in the order they were added); a
+        # call's number in its segment is its k.
+        order = np.lexsort((start_of, chip_of, key_of))
+        sorted_keys, sorted_chips = key_of[order], chip_of[order]
+        new_segment = np.ones(len(order), dtype=bool)
+        new_segment[1:] = (sorted_keys[1:] != sorted_keys[:-1]) | (sorted_chips[1:] != sorted_chips[:-1])
+        segment_starts = np.flatnonzero(new_segment)
+        segment_of = np.cumsum(new_segment) - 1
+        call_number = np.arange(len(order)) - segment_starts[segment_of]
+        # Each segment's group (a number; -1 for none): the chips of one group of one key wait for one another.
+        group_of = [-1] * len(segment_starts)
+        group_sizes: list[int] = []
+        sizes: dict[int, CollectiveSize] = {}
+        known: dict[tuple[int | None, str], CollectiveHlo] = {}  # (program, op) -> its groups and size
+        segment_keys, segment_chips = sorted_keys[segment_starts].tolist(), sorted_chips[segment_starts].tolist()
+        segment_kinds = kind_of[order[segment_starts]].tolist()
+        kinds, keys = list(self.kinds), list(self.keys)
+        first = 0
+        while first < len(segment_keys):
+            key = segment_keys[first]
+            end = first + 1
+            while end < len(segment_keys) and segment_keys[end] == key:
+                end += 1
+            op = keys[key][:2]
+            if op not in known:
+                known[op] = hlo_of(*op)
+            groups, size = known[op]
+            if size is not None:
+                sizes[key] = size
+            if end - first > 1 and kinds[segment_kinds[first]] not in _POINT_TO_POINT:
+                segment_of_chip = dict(zip(segment_chips[first:end], range(first, end)))
+                for members in _chip_groups(set(segment_of_chip), groups):
+                    for chip in members:
+                        group_of[segment_of_chip[chip]] = len(group_sizes)
+                    group_sizes.append(len(members))
+            first = end
+        waits = np.full(len(order), -1, dtype=np.int64)
+        call_groups = np.array(group_of, dtype=np.int64)[segment_of]
+        grouped = call_groups >= 0
+        if not grouped.any():
+            return waits, sizes
+        # One call: the k-th call of each chip of a group, where every chip of the group made a k-th call.
+        calls, call_groups, call_number = order[grouped], call_groups[grouped], call_number[grouped]
+        by_call = np.lexsort((call_number, call_groups))
+        calls, call_groups, call_number = calls[by_call], call_groups[by_call], call_number[by_call]
+        new_call = np.ones(len(calls), dtype=bool)
+        new_call[1:] = (call_groups[1:] != call_groups[:-1]) | (call_number[1:] != call_number[:-1])
+        call_starts = np.flatnonzero(new_call)
+        complete = np.diff(np.append(call_starts, len(calls))) == np.array(group_sizes)[call_groups[call_starts]]
+        last = np.maximum.reduceat(start_of[calls], call_starts)
+        call_of = np.cumsum(new_call) - 1
+        matched = calls[complete[call_of]]
+        waits[matched] = np.maximum(0, np.minimum(last[call_of][complete[call_of]] - start_of[matched],
+                                                  dur_of[matched]))
+        return waits, sizes
 
 
 def _chip_groups(chips: set[int], groups: tuple[tuple[int, ...], ...] | None) -> list[list[int]]:
