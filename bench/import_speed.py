@@ -14,7 +14,8 @@ waited for a CPU the run-queue delay of `/proc/self/task/<id>/schedstat`. Each i
 that git ref (exported to a temporary folder) imports the same captures in the same run, for a before and
 after, and the tables the two write are compared row by row.
 
-Where an XProf event's CPU time goes, on the capture of 10^6 events, each stage in a fresh process: reading
+Where an XProf event's CPU time goes, on the capture of 10^6 events, each stage in a fresh process (the imports
+without inserts and without indexes the median of `--repeats` runs, as the whole import's): reading
 the file's events (the walk that finds each event's bytes, then that and the decoding into columns), the
 import with the rows built but not inserted (the writer's inserts skipped), the import without the indexes
 built at its end, and the whole import. Likewise for a torch.profiler JSON event: the importer's first pass over
@@ -270,11 +271,16 @@ def scale_xplane(seed: Path, target: Path, events: int) -> int:
     return total * repeats
 
 
-def _stages(capture: Path, output: Path, events: int, import_s: float, startup_s: float) -> list[str]:
+def _median_s(code: str, capture: Path, output: Path, repeats: int, startup_s: float) -> float:
+    """The median CPU time of `repeats` runs of `code` on `capture`, start-up taken off (as the imports' own)."""
+    return statistics.median(_run_json(code, str(capture), str(output)) for _ in range(repeats)) - startup_s
+
+
+def _stages(capture: Path, output: Path, events: int, import_s: float, startup_s: float, repeats: int) -> list[str]:
     """Table rows: the CPU time per event of each stage of importing `capture` (whose import took `import_s`)."""
     read = _run_json(READ_EVENTS, str(capture))
-    built_s = _run_json(IMPORT_WITHOUT_INSERTS, str(capture), str(output)) - startup_s
-    unindexed_s = _run_json(IMPORT_WITHOUT_INDEXES, str(capture), str(output)) - startup_s
+    built_s = _median_s(IMPORT_WITHOUT_INSERTS, capture, output, repeats, startup_s)
+    unindexed_s = _median_s(IMPORT_WITHOUT_INDEXES, capture, output, repeats, startup_s)
     walk_us = read["walk_s"] / read["events"] * 1e6
     decode_us = (read["read_s"] - read["walk_s"]) / read["events"] * 1e6
     second_decode_us = (read["second_read_s"] - read["walk_s"]) / read["events"] * 1e6
@@ -294,11 +300,12 @@ def _stages(capture: Path, output: Path, events: int, import_s: float, startup_s
         [f"| the whole import | {total_us:.2f} | 100% |"]
 
 
-def _json_stages(capture: Path, output: Path, events: int, import_s: float, startup_s: float) -> list[str]:
+def _json_stages(capture: Path, output: Path, events: int, import_s: float, startup_s: float,
+                 repeats: int) -> list[str]:
     """Table rows: the CPU time per event of each stage of importing the torch.profiler JSON `capture`."""
     read = _run_json(READ_JSON, str(capture))
-    built_s = _run_json(IMPORT_WITHOUT_INSERTS, str(capture), str(output)) - startup_s
-    unindexed_s = _run_json(IMPORT_WITHOUT_INDEXES, str(capture), str(output)) - startup_s
+    built_s = _median_s(IMPORT_WITHOUT_INSERTS, capture, output, repeats, startup_s)
+    unindexed_s = _median_s(IMPORT_WITHOUT_INDEXES, capture, output, repeats, startup_s)
     scan_us, decode_us = read["scan_s"] / events * 1e6, read["decode_s"] / events * 1e6
     built_us, unindexed_us, total_us = built_s / events * 1e6, unindexed_s / events * 1e6, import_s / events * 1e6
     parts = [
@@ -410,9 +417,9 @@ def main() -> None:
                 if table:
                     differing.append(f"{fmt}, {events:,} events (`{table}`)")
                 if fmt.endswith("(jax.profiler)") and wanted == STAGE_EVENTS:
-                    stages = _stages(capture, outputs[-1], events, measured["cpu_s"], startup_s)
+                    stages = _stages(capture, outputs[-1], events, measured["cpu_s"], startup_s, args.repeats)
                 if scale is scale_chrome_json and wanted == STAGE_EVENTS:
-                    json_stages = _json_stages(capture, outputs[-1], events, measured["cpu_s"], startup_s)
+                    json_stages = _json_stages(capture, outputs[-1], events, measured["cpu_s"], startup_s, args.repeats)
                 capture.unlink()
     body = "\n".join([
         "Capture events imported per CPU second by `tputrace import` (the process's user + system time, its",
