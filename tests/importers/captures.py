@@ -513,7 +513,7 @@ TORCH_DDP_STEPS = textwrap.dedent("""\
 """)
 
 
-# A training loop (in `train`) fed by a DataLoader whose one worker takes 20 ms a sample (a batch of 8 every 160 ms)
+# A training loop (in `train`) fed by a DataLoader whose one worker takes 50 ms a sample (a batch of 8 every 400 ms)
 # while a step computes in well under that; 3 profiled steps. (Two workers would deliver batches in pairs whenever
 # they run in phase, so every other step would find its batch ready.)
 TORCH_LOADER = textwrap.dedent("""\
@@ -523,10 +523,10 @@ TORCH_LOADER = textwrap.dedent("""\
 
     class Slow(Dataset):
         def __len__(self):
-            return 64
+            return 48
 
         def __getitem__(self, index):
-            time.sleep(0.02)
+            time.sleep(0.05)
             return torch.randn(16), torch.randn(4)
 
     def train(out):
