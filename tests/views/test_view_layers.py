@@ -14,7 +14,7 @@ import pytest
 
 REPO_ROOT = next(folder for folder in Path(__file__).resolve().parents if (folder / "pyproject.toml").is_file())
 BACKEND_SIDE = ("tputrace.backend", "tputrace.recording", "torch", "jax", "jaxlib")
-DERIVED_MAY_IMPORT = ("tputrace.derived", "tputrace.schema", "tputrace.store", "tputrace.wording")
+DERIVED_MAY_IMPORT = ("tputrace.derived", "tputrace.dtypes", "tputrace.schema", "tputrace.store", "tputrace.wording")
 THIRD_PARTY = ("plotly", "textual", "rich", "numpy", "pandas", "torch", "jax", "jaxlib", "google")
 
 
