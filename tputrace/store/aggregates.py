@@ -497,6 +497,23 @@ def fallback_stats(trace: TraceQueries, *, limit: int | None = None, rank: int |
     ]
 
 
+def collectives_in_flight(trace: TraceQueries, by: str, condition: tuple[str, tuple[Any, ...]] = ("", ())
+                          ) -> dict[tuple[Any, ...], tuple[int, int]]:
+    """Per group of the collectives' `by` columns (`"rank, kind"`), among the calls `condition` selects (`" AND
+    rank = ?"` and its parameters): the time a call was in flight and the time one waited for the last rank's arrival
+    (a call waits from its own arrival, `start_ns`, for `wait_ns`), each instant once."""
+    where, params = condition
+    spans: dict[tuple[Any, ...], list[tuple[int, int]]] = {}
+    waits: dict[tuple[Any, ...], list[tuple[int, int]]] = {}
+    for *key, start_ns, end_ns, wait_ns in trace.sql(
+        f"SELECT {by}, start_ns, start_ns + COALESCE(dur_ns, 0), COALESCE(wait_ns, 0) FROM collectives "
+        f"WHERE start_ns IS NOT NULL{where} ORDER BY start_ns", params
+    ):
+        spans.setdefault(tuple(key), []).append((start_ns, end_ns))
+        waits.setdefault(tuple(key), []).append((start_ns, start_ns + wait_ns))
+    return {key: (merged_ns(intervals), merged_ns(waits[key])) for key, intervals in spans.items()}
+
+
 def collective_stats(trace: TraceQueries, *, rank: int | None = None, calls_once: bool = False) -> list[CollectiveStat]:
     """Collectives grouped by kind; longest total time first. A kind's time and waiting are its calls' summed durations
     and waits, but for a recorded run's (`calls_once`): each rank's time with a call of that kind in flight, and with one
@@ -512,18 +529,10 @@ def collective_stats(trace: TraceQueries, *, rank: int | None = None, calls_once
     stats = [CollectiveStat(*row) for row in rows]
     if not calls_once:
         return stats
-    spans: dict[tuple[int, str | None], list[tuple[int, int]]] = {}
-    waits: dict[tuple[int, str | None], list[tuple[int, int]]] = {}
-    for call_rank, kind, start_ns, end_ns, wait_ns in trace.sql(
-        "SELECT rank, kind, start_ns, start_ns + COALESCE(dur_ns, 0), COALESCE(wait_ns, 0) FROM collectives"
-        f"{where}{' AND' if where else ' WHERE'} start_ns IS NOT NULL ORDER BY start_ns", params
-    ):
-        spans.setdefault((call_rank, kind), []).append((start_ns, end_ns))
-        waits.setdefault((call_rank, kind), []).append((start_ns, start_ns + wait_ns))
     in_flight_ns: dict[str | None, int] = {}
     waiting_ns: dict[str | None, int] = {}
-    for (call_rank, kind), intervals in spans.items():
-        in_flight_ns[kind] = in_flight_ns.get(kind, 0) + merged_ns(intervals)
-        waiting_ns[kind] = waiting_ns.get(kind, 0) + merged_ns(waits[(call_rank, kind)])
+    for (_, kind), (flight_ns, wait_ns) in collectives_in_flight(trace, "rank, kind", rank_filter(rank, "AND ")).items():
+        in_flight_ns[kind] = in_flight_ns.get(kind, 0) + flight_ns
+        waiting_ns[kind] = waiting_ns.get(kind, 0) + wait_ns
     stats = [replace(stat, total_ns=in_flight_ns.get(stat.kind, 0), wait_ns=waiting_ns.get(stat.kind, 0)) for stat in stats]
     return sorted(stats, key=lambda stat: -stat.total_ns)

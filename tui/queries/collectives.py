@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tputrace.derived.text import shown
-from tputrace.store.aggregates import merged_ns
+from tputrace.store.aggregates import collectives_in_flight
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -51,7 +51,7 @@ def collective_groups(trace: Trace, rank: int) -> list[CollectiveGroup]:
         "FROM collectives WHERE rank = ? GROUP BY kind, bytes",
         (rank,),
     )
-    once = _in_flight(trace, "rank = ?", (rank,), "kind, bytes")
+    once = _in_flight(trace, "kind, bytes", (" AND rank = ?", (rank,)))
     groups = []
     for kind, nbytes, count, calls_ns, wait_ns, bandwidth in rows:
         in_flight, waiting = once.get((kind, nbytes), (calls_ns, wait_ns or 0))
@@ -63,23 +63,13 @@ def collective_totals(trace: Trace, rank: int) -> CollectiveTotals:
     """All of `rank`'s collectives: in a recorded run, the time any was in flight and any waited."""
     ((count, calls_ns, wait_ns),) = trace.sql(
         "SELECT COUNT(*), COALESCE(SUM(dur_ns), 0), SUM(wait_ns) FROM collectives WHERE rank = ?", (rank,))
-    in_flight, waiting = _in_flight(trace, "rank = ?", (rank,), "rank").get((rank,), (calls_ns, wait_ns or 0))
+    in_flight, waiting = _in_flight(trace, "rank", (" AND rank = ?", (rank,))).get((rank,), (calls_ns, wait_ns or 0))
     return CollectiveTotals(count, in_flight, None if wait_ns is None else waiting)
 
 
-def _in_flight(trace: Trace, where: str, params: tuple, by: str) -> dict[tuple, tuple[int, int]]:
-    """Per `by` group of the collectives `where` selects, the time a call was in flight and the time one waited, each
-    instant once; empty for an import, whose rows are summed."""
-    if trace.meta.get("imported"):
-        return {}
-    spans: dict[tuple, list[tuple[int, int]]] = {}
-    waits: dict[tuple, list[tuple[int, int]]] = {}
-    for *key, start_ns, end_ns, wait_ns in trace.sql(
-            f"SELECT {by}, start_ns, start_ns + COALESCE(dur_ns, 0), COALESCE(wait_ns, 0) FROM collectives "
-            f"WHERE {where} AND start_ns IS NOT NULL ORDER BY start_ns", params):
-        spans.setdefault(tuple(key), []).append((start_ns, end_ns))
-        waits.setdefault(tuple(key), []).append((start_ns, start_ns + wait_ns))
-    return {key: (merged_ns(intervals), merged_ns(waits[key])) for key, intervals in spans.items()}
+def _in_flight(trace: Trace, by: str, condition: tuple[str, tuple]) -> dict[tuple, tuple[int, int]]:
+    """`collectives_in_flight` for a recorded run; empty for an import, whose rows are summed."""
+    return {} if trace.meta.get("imported") else collectives_in_flight(trace, by, condition)
 
 
 @dataclass(frozen=True)
@@ -99,7 +89,7 @@ def collective_ranks(trace: Trace) -> list[RankCollectives]:
         "SELECT rank, COUNT(*), COALESCE(SUM(dur_ns), 0), SUM(wait_ns), SUM(bytes) "
         "FROM collectives GROUP BY rank ORDER BY rank"
     )
-    once = _in_flight(trace, "1", (), "rank")
+    once = _in_flight(trace, "rank", ("", ()))
     ranks = []
     for rank, count, calls_ns, wait_ns, nbytes in rows:
         in_flight, waiting = once.get((rank,), (calls_ns, wait_ns or 0))
