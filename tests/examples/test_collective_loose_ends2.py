@@ -12,6 +12,7 @@ import pytest
 
 from fixtures.make_tui_fixture import make_session, settle
 from test_fresh_distributed import HEADER, _report, _run
+from test_collective_loose_ends import LATE_TO_MANY
 
 import tputrace
 from tputrace.analysis import analyze
@@ -51,19 +52,6 @@ HAND_REDUCED = HEADER + '''
             dist.all_reduce(parameter.grad)  {marker}
         optimizer.step()
         optimizer.zero_grad()
-    dist.destroy_process_group()
-'''
-
-# Rank 0 arrives late to eight calls that rank 1 has in flight together each step.
-LATE_TO_MANY = HEADER + '''
-    import time
-    tensors = [torch.ones(1000 * (index + 1), device="tpu") for index in range(8)]
-    for step in range(3):
-        if rank == 0:
-            time.sleep(0.3)
-        works = [dist.all_reduce(tensor, async_op=True) for tensor in tensors]  {marker}
-        for work in works:
-            work.wait()
     dist.destroy_process_group()
 '''
 
