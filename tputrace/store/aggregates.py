@@ -266,9 +266,7 @@ def time_split(trace: TraceQueries, *, rank: int | None = None, calls_once: bool
     sums = ", ".join(f"(SELECT COALESCE(SUM(dur_ns), 0) FROM {table}{where})" for table in tables)
     totals = list(trace.sql(f"SELECT {sums}", params * len(tables))[0])
     if calls_once:
-        ranks = [rank] if rank is not None else [row[0] for row in trace.sql("SELECT DISTINCT rank FROM collectives")]
-        totals[-1] = sum(merged_ns(trace.sql("SELECT start_ns, start_ns + COALESCE(dur_ns, 0) FROM collectives WHERE rank = ? "
-                                             "AND start_ns IS NOT NULL ORDER BY start_ns", (one,))) for one in ranks)
+        totals[-1] = sum(in_flight_ns for in_flight_ns, _ in collectives_in_flight(trace, "rank", rank_filter(rank, "AND ")).values())
     wall = wall_ns(trace, rank=rank)
     execution_ns = sum(execution_busy_ns(trace, rank=rank).values())
     # A share of the wall: an imported profile's compiles from its process's TORCH_TRACE log can lie before the
